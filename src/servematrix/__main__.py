@@ -1,0 +1,5 @@
+import sys
+
+from servematrix.cli import main
+
+sys.exit(main())

@@ -1,0 +1,174 @@
+"""Expansion: a validated Spec becomes environments and cells with content-hash ids.
+
+An environment is a point on the version axes plus a GPU kind; a cell is an environment and a mode.
+Ids hash canonical JSON of the inputs only (no paths, timestamps or dict order), so the same matrix
+gives the same ids on any machine, in any checkout and in any run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from servematrix.spec import PINNED, GpuKind, Rule, Spec, warn
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def content_hash(payload: Any, length: int = 12) -> str:
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:length]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Environment:
+    env_id: str
+    engine: str
+    axes: Mapping[str, str]  # the engine's version axes, then gpu
+    gpu: GpuKind
+    python: str
+
+    @property
+    def version(self) -> str:
+        """The engine's own version (the first axis)."""
+        return next(iter(self.axes.values()))
+
+    def effective(self, axis: str, pins: Mapping[str, Mapping[str, str]]) -> str | None:
+        """The axis value, with `pinned` replaced by the release's known pin where the engine data has one."""
+        value = self.axes.get(axis)
+        if value == PINNED:
+            return pins.get(self.version, {}).get(axis)
+        return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    id: str
+    env: Environment
+    mode: str
+    applicable: bool
+    reason: str
+    command: tuple[str, ...]
+    server_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def env_id(self) -> str:
+        return self.env.env_id
+
+    def selectable(self) -> dict[str, str]:
+        """The values --select and include/exclude rules see."""
+        return {**self.env.axes, "mode": self.mode, "engine": self.env.engine, "env": self.env_id, "id": self.id}
+
+    def to_contract(self) -> dict[str, Any]:
+        """The `plan --format json` shape of the design contract."""
+        return {
+            "id": self.id,
+            "env_id": self.env_id,
+            "engine": self.env.engine,
+            "mode": self.mode,
+            "axes": dict(self.env.axes),
+            "applicable": self.applicable,
+            "reason": self.reason,
+            "command": list(self.command),
+            "requires": {"gpu_arch": self.env.gpu.arch, "gpus": self.env.gpu.count},
+        }
+
+
+def environment_points(spec: Spec) -> list[dict[str, str]]:
+    """Every point (version axes + gpu) of the full product, before rules apply."""
+    names = spec.axis_names
+    axes = spec.file.axes
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def expand(spec: Spec) -> list[Cell]:
+    names = spec.axis_names
+    modes = spec.file.axes["mode"]
+    candidates = [{**point, "mode": mode} for point in environment_points(spec) for mode in modes]
+    used: set[int] = set()
+    kept = []
+    for values in candidates:
+        hit = _first_match(spec.exclude, values)
+        if hit is None:
+            kept.append(values)
+        else:
+            used.add(hit)
+    for index, rule in enumerate(spec.exclude):
+        if index not in used:
+            warn(f"{spec.path}:{rule.line}: exclude[{index}]: rule matches no cell")
+    for rule in spec.include:
+        given = dict(rule.conditions)
+        point = {axis: given[axis][0] for axis in names}
+        for mode in given.get("mode", modes):
+            values = {**point, "mode": mode}
+            if values not in kept:
+                kept.append(values)
+    environments: dict[tuple[str, ...], Environment] = {}
+    cells = []
+    for values in kept:
+        key = tuple(values[n] for n in names)
+        env = environments.get(key)
+        if env is None:
+            env = environments[key] = _environment(spec, {n: values[n] for n in names})
+        cells.append(_cell(spec, env, values["mode"]))
+    return cells
+
+
+def _first_match(rules: Iterable[Rule], values: dict[str, str]) -> int | None:
+    for index, rule in enumerate(rules):
+        if rule.matches(values):
+            return index
+    return None
+
+
+def _environment(spec: Spec, axes: dict[str, str]) -> Environment:
+    gpu = spec.file.gpu[axes["gpu"]]
+    identity = {
+        "engine": spec.engine.name,
+        "axes": axes,
+        "gpu": {"arch": gpu.arch, "count": gpu.count, "platform": gpu.platform},
+        "python": spec.file.python,
+    }
+    return Environment(
+        env_id=content_hash(identity),
+        engine=spec.engine.name,
+        axes=MappingProxyType(dict(axes)),
+        gpu=gpu,
+        python=spec.file.python,
+    )
+
+
+def server_command(spec: Spec, env: Environment, mode_args: tuple[str, ...], *, port: int | None = None,
+                   host: str = DEFAULT_HOST, model: str | None = None) -> tuple[str, ...]:
+    """The exact server argv: launch + common args + GPU-kind args + mode args, in this version's spelling."""
+    engine = spec.engine
+    values = {
+        "model": model if model is not None else spec.file.model.path,
+        "host": host,
+        "port": str(port if port is not None else engine.default_port),
+    }
+    launch = tuple(part.format_map(values) for part in engine.launch_argv(env.version))
+    args = (*spec.file.server.args, *env.gpu.args, *mode_args)
+    return launch + engine.rename_flags(args, env.version)
+
+
+def _cell(spec: Spec, env: Environment, mode: str) -> Cell:
+    flags = spec.engine.mode_flags_for(mode, env.version)
+    command = server_command(spec, env, flags.args) if flags.applicable else ()
+    server_env = {**spec.engine.env, **spec.file.server.env, **env.gpu.env}
+    identity = {"env_id": env.env_id, "mode": mode, "command": list(command), "env": server_env,
+                "applicable": flags.applicable}
+    return Cell(
+        id=content_hash(identity),
+        env=env,
+        mode=mode,
+        applicable=flags.applicable,
+        reason=flags.reason,
+        command=command,
+        server_env=MappingProxyType(server_env),
+    )

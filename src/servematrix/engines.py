@@ -1,0 +1,154 @@
+"""Engines are plugins described by data (``data/engines/<name>.toml``).
+
+An engine says how to install a version (requirements), how to launch it (argv by version range), how
+to tell it is ready, which flags each mode needs in each version, and which flags were renamed. This
+module only reads those tables; adding an engine or a version is a data change.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from importlib import resources
+from typing import Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from servematrix.errors import InputError, Location
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Ranged(_Data):
+    versions: str
+
+    @field_validator("versions")
+    @classmethod
+    def _valid_range(cls, value: str) -> str:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier as exc:
+            raise ValueError(f"invalid version range {value!r}") from exc
+        return value
+
+    def contains(self, version: Version) -> bool:
+        return SpecifierSet(self.versions).contains(version, prereleases=True)
+
+
+class LaunchRow(_Ranged):
+    argv: tuple[str, ...]
+
+
+class ModeFlagsRow(_Ranged):
+    mode: str
+    args: tuple[str, ...] = ()
+    applicable: bool = True
+    reason: str = ""
+
+
+class FlagRename(_Ranged):
+    flag: str
+    to: str
+
+
+class Readiness(_Data):
+    path: str
+    interval_s: float = Field(gt=0)
+    timeout_s: float = Field(gt=0)
+    ready_log: str = ""
+
+
+class Requirements(_Data):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    extra: tuple[str, ...] = ()
+
+    def for_axis(self, axis: str) -> str | None:
+        value = (self.model_extra or {}).get(axis)
+        return value if isinstance(value, str) else None
+
+
+class ModeFlags(_Data):
+    """What a mode means for one engine version."""
+
+    applicable: bool
+    args: tuple[str, ...]
+    reason: str
+
+
+class Engine(_Data):
+    name: str
+    description: str
+    axes: tuple[str, ...]
+    modes: tuple[str, ...]
+    pinnable: tuple[str, ...] = ()
+    default_port: int
+    requirements: Requirements
+    env: dict[str, str] = {}
+    readiness: Readiness
+    launch: tuple[LaunchRow, ...]
+    mode_flags: tuple[ModeFlagsRow, ...]
+    flag_renames: tuple[FlagRename, ...] = ()
+    pins: dict[str, dict[str, str]] = {}
+    model_builders: dict[str, str] = {}
+
+    @property
+    def version_axis(self) -> str:
+        """The axis that holds the engine's own version (``sglang``, ``transformers``)."""
+        return self.axes[0]
+
+    def launch_argv(self, version: str) -> tuple[str, ...]:
+        parsed = Version(version)
+        for row in self.launch:
+            if row.contains(parsed):
+                return row.argv
+        raise InputError(f"engine {self.name} has no launch command for version {version}")
+
+    def mode_flags_for(self, mode: str, version: str) -> ModeFlags:
+        parsed = Version(version)
+        for row in self.mode_flags:
+            if row.mode == mode and row.contains(parsed):
+                return ModeFlags(applicable=row.applicable, args=row.args, reason=row.reason)
+        return ModeFlags(
+            applicable=False, args=(), reason=f"mode {mode} is not defined for {self.name} {version}"
+        )
+
+    def rename_flags(self, args: tuple[str, ...], version: str) -> tuple[str, ...]:
+        parsed = Version(version)
+        renames = {row.flag: row.to for row in self.flag_renames if row.contains(parsed)}
+        if not renames:
+            return args
+        out = []
+        for arg in args:
+            flag, eq, value = arg.partition("=")
+            out.append(renames.get(flag, flag) + eq + value if flag in renames else arg)
+        return tuple(out)
+
+    def release_pin(self, version: str, axis: str) -> str | None:
+        return self.pins.get(version, {}).get(axis)
+
+
+EngineName = Literal["sglang", "transformers"]
+
+
+@functools.cache
+def load_engine(name: str) -> Engine:
+    resource = resources.files("servematrix.data").joinpath("engines", f"{name}.toml")
+    if not resource.is_file():
+        known = ", ".join(available_engines())
+        raise InputError(f"unknown engine {name!r} (known: {known})")
+    try:
+        data = tomllib.loads(resource.read_text(encoding="utf-8"))
+        return Engine.model_validate(data)
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise InputError(
+            f"engine data is invalid: {exc}", Location(file=f"servematrix/data/engines/{name}.toml")
+        ) from None
+
+
+def available_engines() -> list[str]:
+    folder = resources.files("servematrix.data").joinpath("engines")
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))

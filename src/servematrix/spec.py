@@ -1,0 +1,250 @@
+"""The matrix spec: a TOML file in matrix/, validated completely before anything is expanded.
+
+Validation is two passes over one file: pydantic checks shapes (unknown keys are errors), then the
+engine's data checks meaning (which axes exist, which modes, which values may be `pinned`). Every error
+is an InputError that names the file, line and key.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from servematrix import tomlsource
+from servematrix.engines import Engine, load_engine
+from servematrix.errors import InputError
+from servematrix.tomlsource import KeyPath, TomlSource
+
+PINNED = "pinned"
+# Arguments are never given to a shell, but reproduce commands are pasted into one: a value that needs
+# quoting to be safe is almost always a mistake in a matrix file.
+SHELL_METACHARACTERS = re.compile(r"[;&|$`<>\\\n\r]|\$\(")
+RULE_OPERATORS = ("==", "!=", ">=", "<=", "~=", ">", "<")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelSpec(_Strict):
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    build: str | None = None  # a model builder of the engine, e.g. "tiny-llama"
+
+
+class ContainerOptions(_Strict):
+    podman_devices: list[str] = []  # CDI names, e.g. nvidia.com/gpu=all
+    docker_gpus: str | None = None  # docker run --gpus VALUE
+    shm_size: str | None = None
+    ulimits: list[str] = []
+    mounts: list[str] = []  # read-only model caches: HOST:CONTAINER
+
+
+class GpuKind(_Strict):
+    arch: str = Field(pattern=r"^(sm_\d+a?|cpu)$")
+    count: int = Field(ge=0)
+    sku: str = ""
+    runner_labels: list[str] = []
+    platform: str = "x86_64-manylinux_2_34"
+    timeout_minutes: int = Field(default=120, gt=0)
+    args: list[str] = []
+    env: dict[str, str] = {}
+    container: ContainerOptions = ContainerOptions()
+
+
+class CudaKind(_Strict):
+    index_url: str | None = None
+    extra_index_urls: list[str] = []
+    base_image: str | None = None
+
+
+class ServerSpec(_Strict):
+    args: list[str] = []
+    env: dict[str, str] = {}
+    ready_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class BenchSpec(_Strict):
+    concurrency: list[int] = Field(min_length=1)
+    input_len: int = Field(gt=0)
+    output_len: int = Field(gt=0)
+    prompts_per_concurrency: int = Field(gt=0)
+    warmup: int = Field(default=2, ge=0)
+    repeats: int = Field(default=1, ge=1)
+    api: Literal["chat", "completions"] = "chat"
+    temperature: float = Field(default=0.0, ge=0)
+
+
+class SpecFile(_Strict):
+    engine: str
+    description: str = ""
+    python: str = "3.12"
+    model: ModelSpec
+    axes: dict[str, list[str]]
+    include: list[dict[str, str | list[str]]] = []
+    exclude: list[dict[str, str | list[str]]] = []
+    server: ServerSpec = ServerSpec()
+    gpu: dict[str, GpuKind]
+    cuda: dict[str, CudaKind] = {}
+    bench: BenchSpec
+
+
+class Rule(BaseModel):
+    """An include/exclude rule: axis -> accepted values (exact strings or version specifiers)."""
+
+    model_config = ConfigDict(frozen=True)
+    conditions: tuple[tuple[str, tuple[str, ...]], ...]
+    line: int | None = None
+
+    def matches(self, values: dict[str, str]) -> bool:
+        return all(any(_value_matches(values.get(k, ""), want) for want in wants) for k, wants in self.conditions)
+
+
+def _value_matches(value: str, wanted: str) -> bool:
+    if wanted.startswith(RULE_OPERATORS):
+        try:
+            return SpecifierSet(wanted).contains(Version(value), prereleases=True)
+        except InvalidVersion:
+            return False  # `pinned` never satisfies a numeric range
+    return value == wanted
+
+
+class Spec(BaseModel):
+    """A validated matrix: the input of expansion."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    path: Path
+    engine: Engine
+    file: SpecFile
+    include: tuple[Rule, ...]
+    exclude: tuple[Rule, ...]
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return (*self.engine.axes, "gpu")
+
+
+def load_spec(path: Path | str) -> Spec:
+    source = tomlsource.load(Path(path))
+    try:
+        file = SpecFile.model_validate(source.data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc: KeyPath = tuple(first["loc"])
+        raise source.error(loc, _pydantic_message(first)) from None
+    engine = _engine(source, file)
+    _check_axes(source, file, engine)
+    _check_arguments(source, file)
+    exclude = tuple(_rule(source, ("exclude", i), r, file, engine) for i, r in enumerate(file.exclude))
+    include = tuple(_rule(source, ("include", i), r, file, engine) for i, r in enumerate(file.include))
+    _check_includes(source, include, engine)
+    return Spec(path=Path(path), engine=engine, file=file, include=include, exclude=exclude)
+
+
+def _pydantic_message(error: Any) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    return str(error.get("msg", "invalid value"))
+
+
+def _engine(source: TomlSource, file: SpecFile) -> Engine:
+    try:
+        return load_engine(file.engine)
+    except InputError as exc:
+        raise source.error(("engine",), exc.message) from None
+
+
+def _check_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    known = (*engine.axes, "gpu", "mode")
+    for axis, values in file.axes.items():
+        if axis not in known:
+            raise source.error(("axes", axis), f"unknown axis for engine {engine.name} (axes: {', '.join(known)})")
+        if not values:
+            raise source.error(("axes", axis), "axis is empty: give at least one value")
+        for index, value in enumerate(values):
+            _check_axis_value(source, ("axes", axis, index), axis, value, file, engine)
+    for axis in known:
+        if axis not in file.axes:
+            raise source.error(("axes",), f"axis {axis!r} is missing")
+
+
+def _check_axis_value(
+    source: TomlSource, where: KeyPath, axis: str, value: str, file: SpecFile, engine: Engine
+) -> None:
+    if axis == "mode":
+        if value not in engine.modes:
+            raise source.error(where, f"unknown mode {value!r} for {engine.name} (modes: {', '.join(engine.modes)})")
+    elif axis == "gpu":
+        if value not in file.gpu:
+            raise source.error(where, f"unknown GPU kind {value!r}: define it in a [gpu.{value}] table")
+    elif value == PINNED:
+        if axis not in engine.pinnable:
+            raise source.error(where, f"{axis} cannot be {PINNED!r}: only {', '.join(engine.pinnable) or 'no axis'} can")
+    else:
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise source.error(where, f"{value!r} is not a valid version") from None
+
+
+def _check_arguments(source: TomlSource, file: SpecFile) -> None:
+    places: list[tuple[KeyPath, str]] = [(("model", "path"), file.model.path)]
+    places += [(("server", "args", i), a) for i, a in enumerate(file.server.args)]
+    places += [(("server", "env", k), v) for k, v in file.server.env.items()]
+    for name, kind in file.gpu.items():
+        places += [(("gpu", name, "args", i), a) for i, a in enumerate(kind.args)]
+        places += [(("gpu", name, "env", k), v) for k, v in kind.env.items()]
+    for where, value in places:
+        if SHELL_METACHARACTERS.search(value):
+            raise source.error(where, f"{value!r} contains shell metacharacters; give each argument as its own list item")
+
+
+def _rule(
+    source: TomlSource, where: KeyPath, raw: dict[str, str | list[str]], file: SpecFile, engine: Engine
+) -> Rule:
+    known = (*engine.axes, "gpu", "mode")
+    if not raw:
+        raise source.error(where, "rule is empty")
+    conditions = []
+    for key, value in raw.items():
+        if key not in known:
+            raise source.error((*where, key), f"unknown axis in rule (axes: {', '.join(known)})")
+        wanted = (value,) if isinstance(value, str) else value
+        for item in wanted:
+            if item.startswith(RULE_OPERATORS):
+                try:
+                    SpecifierSet(item)
+                except InvalidSpecifier:
+                    raise source.error((*where, key), f"{item!r} is not a valid version specifier") from None
+            elif key in ("gpu", "mode") or item == PINNED:
+                _check_axis_value(source, (*where, key), key, item, file, engine)
+            else:
+                try:
+                    Version(item)
+                except InvalidVersion:
+                    raise source.error((*where, key), f"{item!r} is not a valid version or specifier") from None
+        conditions.append((key, tuple(wanted)))
+    return Rule(conditions=tuple(conditions), line=source.line_of(where))
+
+
+def _check_includes(source: TomlSource, include: tuple[Rule, ...], engine: Engine) -> None:
+    for index, rule in enumerate(include):
+        given = dict(rule.conditions)
+        for axis in (*engine.axes, "gpu"):
+            if axis not in given:
+                raise source.error(("include", index), f"an include names one environment: {axis!r} is missing")
+            if len(given[axis]) != 1 or given[axis][0].startswith(RULE_OPERATORS):
+                raise source.error(("include", index, axis), "an include takes one exact value per axis")
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
