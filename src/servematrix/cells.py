@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from servematrix.engines import ModeFlags
 from servematrix.spec import PINNED, GpuKind, Rule, Spec, warn
 
 DEFAULT_HOST = "127.0.0.1"
@@ -109,13 +110,23 @@ def expand(spec: Spec) -> list[Cell]:
             if values not in kept:
                 kept.append(values)
     environments: dict[tuple[str, ...], Environment] = {}
+    # Flags and argv depend only on (mode, engine version, GPU kind): a matrix has few of those and
+    # many cells, so each is computed once.
+    flags: dict[tuple[str, str, str], tuple[ModeFlags, tuple[str, ...]]] = {}
     cells = []
     for values in kept:
         key = tuple(values[n] for n in names)
         env = environments.get(key)
         if env is None:
             env = environments[key] = _environment(spec, {n: values[n] for n in names})
-        cells.append(_cell(spec, env, values["mode"]))
+        mode = values["mode"]
+        memo = (mode, env.version, env.axes["gpu"])
+        cached = flags.get(memo)
+        if cached is None:
+            mode_flags = spec.engine.mode_flags_for(mode, env.version)
+            command = server_command(spec, env, mode_flags.args) if mode_flags.applicable else ()
+            cached = flags[memo] = (mode_flags, command)
+        cells.append(_cell(spec, env, mode, *cached))
     return cells
 
 
@@ -157,9 +168,7 @@ def server_command(spec: Spec, env: Environment, mode_args: tuple[str, ...], *, 
     return launch + engine.rename_flags(args, env.version)
 
 
-def _cell(spec: Spec, env: Environment, mode: str) -> Cell:
-    flags = spec.engine.mode_flags_for(mode, env.version)
-    command = server_command(spec, env, flags.args) if flags.applicable else ()
+def _cell(spec: Spec, env: Environment, mode: str, flags: ModeFlags, command: tuple[str, ...]) -> Cell:
     server_env = {**spec.engine.env, **spec.file.server.env, **env.gpu.env}
     identity = {"env_id": env.env_id, "mode": mode, "command": list(command), "env": server_env,
                 "applicable": flags.applicable}

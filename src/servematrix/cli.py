@@ -12,6 +12,7 @@ from pathlib import Path
 
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 
+DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
 EPILOG = """\
 examples:
   servematrix plan matrix/glm5-nvfp4.toml --select 'sglang>=0.5.10' --select mode=piecewise
@@ -26,7 +27,10 @@ OP is = (exact; VALUE may be a|b), != or a version comparison (>=, <, ~=, ...):
 
 
 def _matrix_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("matrix", type=Path, help="a matrix TOML file, e.g. matrix/glm5-nvfp4.toml")
+    parser.add_argument(
+        "matrix", type=Path, nargs="?", default=DEFAULT_MATRIX,
+        help=f"a matrix TOML file (default: {DEFAULT_MATRIX})",
+    )
     parser.add_argument(
         "--select", action="append", default=[], metavar="EXPR",
         help="keep only cells matching EXPR (repeatable; all must hold)",

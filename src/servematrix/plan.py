@@ -66,13 +66,16 @@ def github_matrix(plan: Plan, max_jobs: int = GITHUB_MAX_JOBS) -> dict[str, Any]
     while sum(budget.values()) > max_jobs:
         largest = max(budget, key=lambda g: budget[g])
         budget[largest] -= 1
+    cells_per_env: dict[str, int] = {}
+    for cell in plan.cells:
+        cells_per_env[cell.env_id] = cells_per_env.get(cell.env_id, 0) + 1
     include = []
     for gpu, envs in by_gpu.items():
         kind = plan.spec.file.gpu[gpu]
         jobs = min(budget[gpu], len(envs))
-        cells = [c for c in plan.cells if c.env.axes["gpu"] == gpu]
         for index in range(1, jobs + 1):
-            part = shard(cells, (index, jobs))
+            # The same round-robin deal as select.shard, so `--select gpu=G --shard I/N` reproduces it.
+            mine = envs[index - 1 :: jobs]
             include.append(
                 {
                     "name": f"{gpu} {index}/{jobs}",
@@ -80,8 +83,8 @@ def github_matrix(plan: Plan, max_jobs: int = GITHUB_MAX_JOBS) -> dict[str, Any]
                     "runs-on": list(kind.runner_labels) or ["self-hosted"],
                     "select": f"gpu={gpu}",
                     "shard": f"{index}/{jobs}",
-                    "cells": len(part),
-                    "environments": len({c.env_id for c in part}),
+                    "cells": sum(cells_per_env[e] for e in mine),
+                    "environments": len(mine),
                     "timeout-minutes": kind.timeout_minutes,
                 }
             )
@@ -92,8 +95,8 @@ def print_table(plan: Plan, console: Console | None = None) -> None:
     console = console or Console()
     spec = plan.spec
     table = Table(title=f"{spec.path}  ({len(plan.cells)} cells, {len(plan.environments)} environments)")
-    table.add_column("id", style="dim")
-    table.add_column("env", style="dim")
+    table.add_column("id", style="dim", no_wrap=True, min_width=12)
+    table.add_column("env", style="dim", no_wrap=True, min_width=12)
     for axis in spec.axis_names:
         table.add_column(axis)
     table.add_column("mode")

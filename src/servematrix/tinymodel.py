@@ -292,6 +292,10 @@ def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: b
         }
         (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
 
+        # mkdtemp creates 0700 and safetensors 0600: make the model readable by a container's other user.
+        tmp.chmod(0o755)
+        for p in tmp.iterdir():
+            p.chmod(0o644)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -66,8 +66,10 @@ def load(path: Path) -> TomlSource:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        line = getattr(exc, "lineno", None)
-        message = getattr(exc, "msg", str(exc))
+        # Python < 3.14 keeps the position only in the message: "... (at line 20, column 8)".
+        found = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+        line = int(found.group(1)) if found else None
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
         raise InputError(f"invalid TOML: {message}", Location(file=path, line=line)) from None
     source = TomlSource(path=path, text=text, data=data)
     _index_lines(source)

@@ -1,0 +1,41 @@
+"""Thin sessions: each installs the package and calls it. No logic lives here.
+
+    nox -s matrix                      # run the default matrix (matrix/glm5-nvfp4.toml)
+    nox -s matrix -- matrix/cpu-smoke.toml --select mode=static
+    nox -s tests                       # the whole test suite (needs ci/install-system-deps.sh once)
+    nox -s lint
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["lint", "tests"]
+nox.needs_version = ">=2024.4.15"
+os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+
+
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """Run a matrix: nox -s matrix -- [MATRIX] [--select EXPR]... [--stages ...] (see servematrix run --help)."""
+    session.install(".")
+    session.run("servematrix", "plan", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite, slow integration tests included: nox -s tests -- [pytest args]."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy."""
+    session.install("-e", ".", "ruff>=0.6", "mypy>=1.11", "types-psutil")
+    session.run("ruff", "check", "src", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "noxfile.py")
+    session.run("mypy")

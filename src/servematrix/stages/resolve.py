@@ -1,0 +1,772 @@
+"""Resolve stage: one hashed, reproducible lock file per environment, made with `uv pip compile`.
+
+A lock is keyed by the hash of its resolution inputs, which is written into the lock's own header, so an
+unchanged request reuses the file without calling uv. Failures are split in two on purpose: a resolver
+conflict is a property of the versions (`unresolvable`, a verdict worth publishing), while anything the
+network did is a property of the day (`error`, retried next run). Mixing them up would publish a false
+"these versions cannot be installed together".
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+__all__ = [
+    "DEFAULT_PLATFORM",
+    "DEFAULT_PYTHON_VERSION",
+    "LockHeader",
+    "ReleasePinsError",
+    "ResolveOutcome",
+    "ResolveRequest",
+    "classify_failure",
+    "default_pins_cache_dir",
+    "inputs_hash",
+    "parse_header",
+    "parse_pins",
+    "parse_release_pins",
+    "read_lock_header",
+    "release_pins",
+    "render_header",
+    "resolve",
+    "trim_reason",
+]
+
+# sglang >= 0.5.11 publishes manylinux_2_34 wheels only; an older tag makes every recent release
+# "unresolvable" for the wrong reason.
+DEFAULT_PLATFORM = "x86_64-manylinux_2_34"
+DEFAULT_PYTHON_VERSION = "3.12"
+
+# Bumping this invalidates every cached lock (it is part of the inputs hash).
+LOCK_FORMAT = "1"
+HEADER_MAGIC = "servematrix-lock"
+
+# File names uv sees, relative to its working directory, so that uv's "# via -r requirements.in"
+# annotations never carry a temporary absolute path into the lock.
+_REQUIREMENTS_NAME = "requirements.in"
+_OVERRIDES_NAME = "overrides.txt"
+
+_MAX_REASON_LINES = 15
+
+Status = Literal["resolved", "unresolvable", "error"]
+
+_ENV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+# --------------------------------------------------------------------------------------------- request
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolveRequest:
+    env_id: str
+    requirements: tuple[str, ...]
+    overrides: tuple[str, ...] = ()
+    python_version: str = DEFAULT_PYTHON_VERSION
+    platform: str = DEFAULT_PLATFORM
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    axes: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # env_id becomes a file name: refuse anything that could escape out_dir.
+        if not _ENV_ID_RE.match(self.env_id):
+            raise ValueError(f"env_id {self.env_id!r} must match {_ENV_ID_RE.pattern}")
+        # Accept lists from callers but keep the frozen value immutable and hashable-ish.
+        for name in ("requirements", "overrides", "extra_index_urls"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(f"{name} must be a sequence of strings, not a single string")
+            object.__setattr__(self, name, tuple(value))
+        if not self.requirements:
+            raise ValueError("requirements must not be empty")
+        object.__setattr__(self, "axes", {str(k): str(v) for k, v in sorted(self.axes.items())})
+
+    @property
+    def main_package(self) -> Requirement | None:
+        """The package whose release pins define a "crossing": the first exactly pinned requirement."""
+        for text in self.requirements:
+            req = _parse_requirement(text)
+            if req is not None and _exact_version(req) is not None:
+                return req
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolveOutcome:
+    env_id: str
+    status: Status
+    reason: str
+    pins: dict[str, str]
+    lockfile: Path | None
+    inputs_hash: str
+    crossed: dict[str, dict[str, str]]
+    cached: bool
+    axes: Mapping[str, str] = field(default_factory=dict)
+
+    def to_contract(self) -> dict:
+        """The `servematrix lock --format json` element (design.md), plus the crossed pins."""
+        return {
+            "env_id": self.env_id,
+            "axes": dict(sorted(self.axes.items())),
+            "status": self.status,
+            "reason": self.reason,
+            "pins": dict(sorted(self.pins.items())),
+            "lockfile": str(self.lockfile) if self.lockfile is not None else None,
+            "crossed": {k: dict(v) for k, v in sorted(self.crossed.items())},
+        }
+
+
+class ReleasePinsError(RuntimeError):
+    """The release's metadata could not be read; `status` says whose fault it is."""
+
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+# ------------------------------------------------------------------------------------------ inputs hash
+
+
+def _redact_url(url: str) -> str:
+    """Drop credentials from an index URL: they must not reach a committed lock or its hash."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def _canonical_inputs(req: ResolveRequest) -> dict:
+    # Requirement order does not change a resolution, so it must not change the hash. The env_id is left
+    # out: it names the file, the hash describes what is in it.
+    return {
+        "format": LOCK_FORMAT,
+        "requirements": sorted(r.strip() for r in req.requirements),
+        "overrides": sorted(o.strip() for o in req.overrides),
+        "python_version": req.python_version,
+        "platform": req.platform,
+        "index_url": _redact_url(req.index_url) if req.index_url else None,
+        "extra_index_urls": [_redact_url(u) for u in req.extra_index_urls],
+        "axes": {str(k): str(v) for k, v in sorted(req.axes.items())},
+    }
+
+
+def inputs_hash(req: ResolveRequest) -> str:
+    """sha256 (hex) of a canonical JSON of the resolution inputs; no paths, times or tool versions."""
+    blob = json.dumps(_canonical_inputs(req), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------- header
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockHeader:
+    format: str
+    inputs_hash: str
+    env_id: str
+    axes: dict[str, str]
+    requirements: tuple[str, ...]
+    overrides: tuple[str, ...]
+    python_version: str
+    platform: str
+    index_url: str | None
+    extra_index_urls: tuple[str, ...]
+    crossed: dict[str, dict[str, str]]
+    resolver: str
+
+
+def _compile_args(req: ResolveRequest) -> list[str]:
+    """The `uv pip compile` arguments shared by the real call and the header's reproduce line."""
+    args = [_REQUIREMENTS_NAME]
+    if req.overrides:
+        args += ["--override", _OVERRIDES_NAME]
+    args += [
+        "--python-version",
+        req.python_version,
+        "--python-platform",
+        req.platform,
+        "--generate-hashes",
+        "--no-header",
+    ]
+    if req.index_url:
+        args += ["--index-url", req.index_url]
+    for url in req.extra_index_urls:
+        args += ["--extra-index-url", url]
+    return args
+
+
+def render_header(req: ResolveRequest, *, crossed: Mapping[str, Mapping[str, str]], resolver: str) -> str:
+    """`#` lines recording everything the lock was made from; deterministic (no times, no paths)."""
+    canon = _canonical_inputs(req)
+    lines = [
+        f"# {HEADER_MAGIC}: {LOCK_FORMAT}",
+        "# Generated by `servematrix lock`; do not edit. The body is `uv pip compile` output.",
+        f"# inputs-hash: {inputs_hash(req)}",
+        f"# env-id: {req.env_id}",
+    ]
+    lines += [f"# axis: {k}={v}" for k, v in canon["axes"].items()]
+    lines += [f"# requirement: {r}" for r in canon["requirements"]]
+    lines += [f"# override: {o}" for o in canon["overrides"]]
+    lines += [
+        f"# python-version: {req.python_version}",
+        f"# python-platform: {req.platform}",
+        f"# index-url: {canon['index_url'] or '(default)'}",
+    ]
+    lines += [f"# extra-index-url: {u}" for u in canon["extra_index_urls"]]
+    for name, pins in sorted(crossed.items()):
+        lines.append(f"# crossed: {name} release_pin={pins['release_pin']} used={pins['used']}")
+    lines.append(f"# resolver: {resolver}")
+    redacted = _compile_args(req)
+    redacted = [_redact_url(a) if "://" in a else a for a in redacted]
+    lines.append("# command: uv pip compile " + " ".join(redacted))
+    return "\n".join(lines) + "\n"
+
+
+def parse_header(text: str) -> LockHeader | None:
+    """Read the header from the leading `#` lines of a lock; None if it is not a servematrix lock."""
+    fields: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        key, sep, value = line[1:].strip().partition(": ")
+        if sep:
+            fields.setdefault(key, []).append(value.strip())
+
+    def one(key: str, default: str | None = None) -> str | None:
+        values = fields.get(key)
+        return values[0] if values else default
+
+    if one(HEADER_MAGIC) is None or one("inputs-hash") is None:
+        return None
+    axes = {}
+    for item in fields.get("axis", []):
+        k, _, v = item.partition("=")
+        axes[k] = v
+    crossed: dict[str, dict[str, str]] = {}
+    for item in fields.get("crossed", []):
+        name, *rest = item.split()
+        entry = dict(part.split("=", 1) for part in rest if "=" in part)
+        crossed[name] = {"release_pin": entry.get("release_pin", ""), "used": entry.get("used", "")}
+    index_url = one("index-url")
+    return LockHeader(
+        format=one(HEADER_MAGIC) or "",
+        inputs_hash=one("inputs-hash") or "",
+        env_id=one("env-id", "") or "",
+        axes=axes,
+        requirements=tuple(fields.get("requirement", [])),
+        overrides=tuple(fields.get("override", [])),
+        python_version=one("python-version", "") or "",
+        platform=one("python-platform", "") or "",
+        index_url=None if index_url in (None, "(default)") else index_url,
+        extra_index_urls=tuple(fields.get("extra-index-url", [])),
+        crossed=crossed,
+        resolver=one("resolver", "") or "",
+    )
+
+
+def read_lock_header(path: Path) -> LockHeader | None:
+    """Parse a lock file's header, reading only its leading comment block."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            head = []
+            for line in fh:
+                if not line.startswith("#"):
+                    break
+                head.append(line)
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        return None
+    return parse_header("".join(head))
+
+
+_PIN_RE = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:\[[^\]]*\])?\s*===?\s*([^\s;\\#]+)")
+
+
+def parse_pins(text: str) -> dict[str, str]:
+    """`name==version` lines of compiled output -> {normalized name: version}."""
+    pins: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _PIN_RE.match(line)
+        if m:
+            pins[canonicalize_name(m.group(1))] = m.group(2)
+    return dict(sorted(pins.items()))
+
+
+# --------------------------------------------------------------------------------- failure classification
+
+# Infrastructure first: whatever else the text says, a run that touched any of these did not get a fair
+# answer from the index. Patterns are deliberately specific ("timed out", not "timeout") because package
+# names such as async-timeout appear in resolver explanations.
+_NETWORK_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"\bfailed to fetch\b",
+        r"\bfailed to download\b",
+        r"\berror sending request\b",
+        r"\brequest failed after \d+ retr",
+        r"\bconnection (?:refused|reset|closed|aborted)\b",
+        r"\btcp connect error\b",
+        r"\bdns error\b",
+        r"\bfailed to lookup address\b",
+        r"\bname or service not known\b",
+        r"\btemporary failure in name resolution\b",
+        r"\bno address associated with hostname\b",
+        r"\bnetwork is unreachable\b",
+        r"\bno route to host\b",
+        r"\btimed out\b",
+        r"\bnetwork timeout\b",
+        r"\bdeadline has elapsed\b",
+        r"\bHTTP status server error\b",
+        r"\b(?:500 Internal Server Error|502 Bad Gateway|503 Service Unavailable|504 Gateway Timeout)\b",
+        r"\bcertificate verify failed\b",
+        r"\binvalid peer certificate\b",
+        r"\bunexpected end of file\b",
+        r"\bbroken pipe\b",
+    )
+)
+
+# `--offline` could not answer from uv's cache: says nothing about the versions.
+_OFFLINE_MISS_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"was not found in the cache",
+        r"network was disabled",
+        r"\bnetwork connectivity is disabled\b",
+    )
+)
+
+_CONFLICT_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"\bno solution found\b",
+        r"\bunsatisfiable\b",
+        r"\bno wheels with a matching platform tag\b",
+        r"\bno version of\b",
+        r"\bwas not found in the package registry\b",
+        r"\bthere is no version of\b",
+    )
+)
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+
+
+def trim_reason(stderr: str, *, max_lines: int = _MAX_REASON_LINES) -> str:
+    """The resolver's own explanation, without warnings and hint noise, at most `max_lines` lines."""
+    kept: list[str] = []
+    in_hint = False
+    for raw in _strip_ansi(stderr).splitlines():
+        line = raw.strip()
+        if not line:
+            in_hint = False
+            continue
+        lowered = line.lower()
+        if lowered.startswith("warning:") or re.match(r"^resolved \d+ packages", lowered):
+            in_hint = False
+            continue
+        if lowered.startswith("hint:"):
+            # The platform hint names the tags that do exist, which is the useful half of that failure.
+            in_hint = "platform" not in lowered
+            if in_hint:
+                continue
+        elif in_hint:
+            continue
+        for prefix in ("error: ", "cause: ", "hint: "):
+            if line.startswith(prefix):
+                line = line[len(prefix) :]
+                break
+        kept.append(line)
+    if len(kept) > max_lines:
+        dropped = len(kept) - (max_lines - 1)
+        kept = [*kept[: max_lines - 1], f"… ({dropped} more lines)"]
+    return "\n".join(kept)
+
+
+def _failure_kind(stderr: str) -> Literal["network", "offline-miss", "conflict", "other"]:
+    text = _strip_ansi(stderr)
+    if any(p.search(text) for p in _NETWORK_PATTERNS):
+        return "network"
+    if any(p.search(text) for p in _OFFLINE_MISS_PATTERNS):
+        return "offline-miss"
+    if any(p.search(text) for p in _CONFLICT_PATTERNS):
+        return "conflict"
+    return "other"
+
+
+def classify_failure(stderr: str) -> tuple[Status, str]:
+    """(status, trimmed reason) for a failed uv run.
+
+    Only a resolver conflict is `unresolvable`; network trouble, an offline cache miss and anything
+    unrecognised are `error`, so that they are retried rather than published as a verdict.
+    """
+    kind = _failure_kind(stderr)
+    status: Status = "unresolvable" if kind == "conflict" else "error"
+    reason = trim_reason(stderr)
+    if not reason:
+        reason = "uv failed without an explanation"
+    return status, reason
+
+
+# ---------------------------------------------------------------------------------------------- running uv
+
+
+@dataclass(frozen=True)
+class _UvRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _uv_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # A resolve must never download an interpreter; it only needs to reason about tags.
+    env["UV_PYTHON_DOWNLOADS"] = "never"
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def _run_uv(argv: list[str], *, cwd: Path, timeout_s: float) -> _UvRun:
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=_uv_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        # Phrased so that classify_failure sees infrastructure, not a verdict.
+        return _UvRun(124, "", f"error: uv did not finish: timed out after {timeout_s:g} s")
+    except FileNotFoundError:
+        return _UvRun(127, "", f"error: uv executable not found: {argv[0]}")
+    return _UvRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+@functools.lru_cache(maxsize=8)
+def _uv_version_cached(uv: str) -> str:
+    run = _run_uv([uv, "--version"], cwd=Path.cwd(), timeout_s=60)
+    # "uv 0.13.9 (x86_64-unknown-linux-gnu)": the build triple is the machine's, not the lock's.
+    words = run.stdout.split()
+    return " ".join(words[:2]) if run.returncode == 0 and words else "uv (unknown version)"
+
+
+def _uv_version(uv: str) -> str:
+    return _uv_version_cached(uv)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _attempts(offline_first: bool) -> tuple[bool, ...]:
+    return (True, False) if offline_first else (False,)
+
+
+def _compile(req: ResolveRequest, *, uv: str, offline_first: bool, timeout_s: float) -> _UvRun:
+    with tempfile.TemporaryDirectory(prefix="servematrix-resolve-") as tmp:
+        work = Path(tmp)
+        (work / _REQUIREMENTS_NAME).write_text("\n".join(req.requirements) + "\n", encoding="utf-8")
+        if req.overrides:
+            (work / _OVERRIDES_NAME).write_text("\n".join(req.overrides) + "\n", encoding="utf-8")
+        base = [uv, "pip", "compile", *_compile_args(req), "--color", "never"]
+        run = _UvRun(1, "", "error: uv was not run")
+        for offline in _attempts(offline_first):
+            run = _run_uv([*base, "--offline"] if offline else base, cwd=work, timeout_s=timeout_s)
+            # An offline failure of any kind proves nothing (a partial cache can even look like a
+            # conflict), so only an offline success is trusted; everything else goes online.
+            if run.returncode == 0:
+                break
+        return run
+
+
+# ------------------------------------------------------------------------------------------ release pins
+
+
+def default_pins_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "servematrix" / "release-pins"
+
+
+def _parse_requirement(text: str) -> Requirement | None:
+    try:
+        return Requirement(text)
+    except InvalidRequirement:
+        return None
+
+
+def _exact_version(req: Requirement) -> str | None:
+    specs = list(req.specifier)
+    if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
+        return specs[0].version
+    return None
+
+
+def _marker_environment(python_version: str, platform: str) -> dict[str, str]:
+    """Marker values for a `--python-platform` target, so pins are read for the platform we lock for."""
+    machine, _, tag = platform.partition("-")
+    if tag.startswith(("manylinux", "musllinux", "linux")) or machine.endswith("linux"):
+        sys_platform, system, os_name = "linux", "Linux", "posix"
+    elif tag.startswith("macos") or "darwin" in platform:
+        sys_platform, system, os_name = "darwin", "Darwin", "posix"
+    elif "windows" in platform:
+        sys_platform, system, os_name = "win32", "Windows", "nt"
+    else:
+        sys_platform, system, os_name = "linux", "Linux", "posix"
+    if machine in ("linux", "macos", "windows"):  # bare "linux" etc. means the host's default arch
+        machine = "x86_64"
+    return {
+        "python_version": python_version,
+        "python_full_version": f"{python_version}.0" if python_version.count(".") == 1 else python_version,
+        "sys_platform": sys_platform,
+        "platform_system": system,
+        "platform_machine": machine,
+        "os_name": os_name,
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
+
+
+def parse_release_pins(
+    metadata: str, *, python_version: str = DEFAULT_PYTHON_VERSION, platform: str = DEFAULT_PLATFORM
+) -> dict[str, str]:
+    """Exact `==` pins among a METADATA file's unconditional Requires-Dist (extras are ignored)."""
+    env = _marker_environment(python_version, platform)
+    pins: dict[str, str] = {}
+    for line in metadata.splitlines():
+        if not line:
+            break  # end of the headers; the long description follows
+        key, sep, value = line.partition(":")
+        if not sep or key.strip().lower() != "requires-dist":
+            continue
+        req = _parse_requirement(value.strip())
+        if req is None:
+            continue
+        if req.marker is not None:
+            try:
+                if not req.marker.evaluate(env):
+                    continue
+            except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+                continue
+        version = _exact_version(req)
+        if version is not None:
+            pins[canonicalize_name(req.name)] = version
+    return dict(sorted(pins.items()))
+
+
+def _fetch_metadata(
+    name: str,
+    version: str,
+    *,
+    uv: str,
+    python_version: str,
+    platform: str,
+    index_url: str | None,
+    extra_index_urls: tuple[str, ...],
+    timeout_s: float,
+) -> str:
+    """METADATA of one release wheel, via uv (so the configured index and uv's cache are used).
+
+    `uv pip install --no-deps --target` of the bare wheel is the one uv command that hands back a
+    release's dist-info without resolving its dependencies.
+    """
+    with tempfile.TemporaryDirectory(prefix="servematrix-pins-") as tmp:
+        target = Path(tmp) / "target"
+        argv = [
+            uv,
+            "pip",
+            "install",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--target",
+            str(target),
+            "--python-version",
+            python_version,
+            "--python-platform",
+            platform,
+            "--color",
+            "never",
+            "--quiet",
+        ]
+        if index_url:
+            argv += ["--index-url", index_url]
+        for url in extra_index_urls:
+            argv += ["--extra-index-url", url]
+        argv.append(f"{name}=={version}")
+        run = _UvRun(1, "", "error: uv was not run")
+        for offline in (True, False):
+            run = _run_uv([*argv, "--offline"] if offline else argv, cwd=Path(tmp), timeout_s=timeout_s)
+            if run.returncode == 0:
+                break
+        if run.returncode != 0:
+            status, reason = classify_failure(run.stderr)
+            raise ReleasePinsError(status, f"reading the pins of {name}=={version}: {reason}")
+        for meta in sorted(target.glob("*.dist-info/METADATA")):
+            dist = meta.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0]
+            if canonicalize_name(dist) == name:
+                return meta.read_text(encoding="utf-8")
+        raise ReleasePinsError("error", f"no {name} dist-info in the installed wheel of {name}=={version}")
+
+
+def release_pins(
+    package: str,
+    version: str,
+    *,
+    cache_dir: Path,
+    uv: str = "uv",
+    python_version: str = DEFAULT_PYTHON_VERSION,
+    platform: str = DEFAULT_PLATFORM,
+    index_url: str | None = None,
+    extra_index_urls: tuple[str, ...] = (),
+    timeout_s: float = 600,
+) -> dict[str, str]:
+    """The exact `==` pins in the Requires-Dist of `package==version`'s wheel; METADATA cached on disk.
+
+    Raises ReleasePinsError when the wheel cannot be fetched (status `error`) or does not exist
+    (status `unresolvable`).
+    """
+    name = canonicalize_name(package)
+    cached = Path(cache_dir) / f"{name}-{version}.METADATA"
+    if not cached.is_file():
+        metadata = _fetch_metadata(
+            name,
+            version,
+            uv=uv,
+            python_version=python_version,
+            platform=platform,
+            index_url=index_url,
+            extra_index_urls=tuple(extra_index_urls),
+            timeout_s=timeout_s,
+        )
+        _atomic_write(cached, metadata)
+    return parse_release_pins(
+        cached.read_text(encoding="utf-8"), python_version=python_version, platform=platform
+    )
+
+
+def _versions_equal(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def _crossings(
+    req: ResolveRequest, *, uv: str, cache_dir: Path, timeout_s: float
+) -> dict[str, dict[str, str]]:
+    if not req.overrides:
+        return {}
+    main = req.main_package
+    if main is None:
+        return {}
+    pins = release_pins(
+        main.name,
+        _exact_version(main) or "",
+        cache_dir=cache_dir,
+        uv=uv,
+        python_version=req.python_version,
+        platform=req.platform,
+        index_url=req.index_url,
+        extra_index_urls=req.extra_index_urls,
+        timeout_s=timeout_s,
+    )
+    crossed: dict[str, dict[str, str]] = {}
+    for text in req.overrides:
+        override = _parse_requirement(text)
+        if override is None:
+            continue
+        name = canonicalize_name(override.name)
+        release_pin = pins.get(name)
+        if release_pin is None:
+            continue  # the release does not pin it exactly: nothing is crossed
+        used = _exact_version(override) or str(override.specifier)
+        if not _versions_equal(used, release_pin):
+            crossed[name] = {"release_pin": release_pin, "used": used}
+    return dict(sorted(crossed.items()))
+
+
+# ----------------------------------------------------------------------------------------------- resolve
+
+
+def resolve(
+    req: ResolveRequest,
+    *,
+    out_dir: Path,
+    uv: str = "uv",
+    offline_first: bool = True,
+    timeout_s: float = 600,
+    pins_cache_dir: Path | None = None,
+) -> ResolveOutcome:
+    """Lock `req` into `<out_dir>/<env_id>.lock.txt`, reusing the file when its inputs hash matches."""
+    out_dir = Path(out_dir)
+    lockfile = out_dir / f"{req.env_id}.lock.txt"
+    digest = inputs_hash(req)
+
+    def outcome(status: Status, reason: str = "", **kw) -> ResolveOutcome:
+        kw.setdefault("pins", {})
+        kw.setdefault("lockfile", None)
+        kw.setdefault("crossed", {})
+        kw.setdefault("cached", False)
+        return ResolveOutcome(
+            env_id=req.env_id, status=status, reason=reason, inputs_hash=digest, axes=req.axes, **kw
+        )
+
+    header = read_lock_header(lockfile)
+    if header is not None and header.inputs_hash == digest:
+        return outcome(
+            "resolved",
+            pins=parse_pins(lockfile.read_text(encoding="utf-8")),
+            lockfile=lockfile,
+            crossed=header.crossed,
+            cached=True,
+        )
+
+    try:
+        crossed = _crossings(
+            req, uv=uv, cache_dir=pins_cache_dir or default_pins_cache_dir(), timeout_s=timeout_s
+        )
+    except ReleasePinsError as exc:
+        return outcome(exc.status, exc.reason)
+
+    run = _compile(req, uv=uv, offline_first=offline_first, timeout_s=timeout_s)
+    if run.returncode != 0:
+        status, reason = classify_failure(run.stderr)
+        return outcome(status, reason, crossed=crossed)
+
+    body = run.stdout if run.stdout.endswith("\n") else run.stdout + "\n"
+    text = render_header(req, crossed=crossed, resolver=_uv_version(uv)) + body
+    _atomic_write(lockfile, text)
+    return outcome("resolved", pins=parse_pins(body), lockfile=lockfile, crossed=crossed)

@@ -1,0 +1,162 @@
+"""Expansion, ids, the sglang flag table, and select/shard."""
+
+from __future__ import annotations
+
+import pytest
+
+from servematrix.cells import expand
+from servematrix.errors import InputError
+from servematrix.plan import github_matrix, make_plan
+from servematrix.spec import load_spec
+from tests.conftest import MATRIX, SMALL_SGLANG
+
+GLM5 = MATRIX / "glm5-nvfp4.toml"
+
+
+def _cell(cells, sglang, mode, flashinfer="pinned", gpu="b200"):
+    (found,) = [
+        c for c in cells
+        if c.env.axes["sglang"] == sglang and c.mode == mode and c.env.axes["flashinfer"] == flashinfer
+        and c.env.axes["gpu"] == gpu
+    ]
+    return found
+
+
+@pytest.fixture(scope="module")
+def glm5_cells():
+    return expand(load_spec(GLM5))
+
+
+def test_piecewise_flags_follow_the_version_table(glm5_cells):
+    assert "--enable-piecewise-cuda-graph" in _cell(glm5_cells, "0.5.9", "piecewise").command
+    assert "--enable-piecewise-cuda-graph" not in _cell(glm5_cells, "0.5.9", "baseline").command
+    base12, piece12 = _cell(glm5_cells, "0.5.12", "baseline"), _cell(glm5_cells, "0.5.12", "piecewise")
+    assert "--disable-piecewise-cuda-graph" in base12.command
+    assert "--enforce-piecewise-cuda-graph" in piece12.command
+    assert "--enforce-piecewise-cuda-graph" in _cell(glm5_cells, "0.5.10", "piecewise").command
+    piece14 = _cell(glm5_cells, "0.5.14", "piecewise").command
+    i = piece14.index("--cuda-graph-backend-prefill")
+    assert piece14[i + 1] == "tc_piecewise"
+    assert "--enable-piecewise-cuda-graph" not in piece14
+    base17 = _cell(glm5_cells, "0.5.17", "baseline").command
+    assert base17[base17.index("--cuda-graph-backend-prefill") + 1] == "disabled"
+
+
+def test_not_applicable_has_a_reason_and_no_command(glm5_cells):
+    cell = _cell(glm5_cells, "0.5.23", "piecewise")
+    assert cell.applicable is False
+    assert "tc_piecewise" in cell.reason
+    assert cell.command == ()
+    assert _cell(glm5_cells, "0.5.23", "baseline").applicable
+
+
+def test_version_between_listed_rows_resolves_by_range():
+    engine = load_spec(GLM5).engine
+    assert engine.mode_flags_for("piecewise", "0.5.11").args == ("--enforce-piecewise-cuda-graph",)
+    assert engine.mode_flags_for("piecewise", "0.5.20").args == ("--cuda-graph-backend-prefill", "tc_piecewise")
+    assert engine.mode_flags_for("piecewise", "0.5.7").args == ("--enable-piecewise-cuda-graph",)
+    assert not engine.mode_flags_for("piecewise", "0.5.3").applicable
+    assert not engine.mode_flags_for("piecewise", "0.6.0").applicable
+
+
+def test_recipe_flags_are_spelled_for_the_version(glm5_cells):
+    old = _cell(glm5_cells, "0.5.12", "baseline").command
+    new = _cell(glm5_cells, "0.5.14", "baseline").command
+    assert "--nsa-decode-backend" in old and "--dsa-decode-backend" not in old
+    assert "--dsa-decode-backend" in new and "--nsa-decode-backend" not in new
+    rtx = _cell(glm5_cells, "0.5.14", "baseline", gpu="rtx-pro-6000")
+    assert "--dsa-decode-backend" not in rtx.command
+    assert rtx.server_env["SGLANG_ENABLE_DEEP_GEMM"] == "0"
+
+
+def test_command_is_a_list_of_arguments(glm5_cells):
+    cell = _cell(glm5_cells, "0.5.12", "piecewise")
+    assert cell.command[:3] == ("python", "-m", "sglang.launch_server")
+    assert all(isinstance(a, str) and " " not in a for a in cell.command)
+
+
+def test_both_modes_share_the_environment_and_ids_differ(glm5_cells):
+    base, piece = _cell(glm5_cells, "0.5.12", "baseline"), _cell(glm5_cells, "0.5.12", "piecewise")
+    assert base.env_id == piece.env_id
+    assert base.id != piece.id
+    assert len({c.id for c in glm5_cells}) == len(glm5_cells)
+
+
+def test_exclusions_apply(glm5_cells):
+    assert not [c for c in glm5_cells if c.env.axes["sglang"] == "0.5.14" and c.env.axes["flashinfer"] == "0.6.12"]
+    assert {c.env.axes["cuda"] for c in glm5_cells if c.env.axes["sglang"] == "0.5.9"} == {"12.8"}
+
+
+def test_ids_depend_on_server_arguments(write_matrix):
+    a = expand(load_spec(write_matrix(SMALL_SGLANG, "a.toml")))
+    b = expand(load_spec(write_matrix(SMALL_SGLANG + '[server]\nargs = ["--tp", "4"]\n', "b.toml")))
+    assert [c.env_id for c in a] == [c.env_id for c in b]
+    assert not {c.id for c in a} & {c.id for c in b}
+
+
+def test_exclude_that_matches_nothing_warns(write_matrix, capsys):
+    path = write_matrix(SMALL_SGLANG + '[[exclude]]\nsglang = "0.5.99"\n')
+    cells = expand(load_spec(path))
+    assert len(cells) == 8
+    err = capsys.readouterr().err
+    assert "exclude[0]" in err and "matches no cell" in err and f"{path}:" in err
+
+
+def test_include_adds_an_environment(write_matrix):
+    text = SMALL_SGLANG + '[[include]]\nsglang = "0.5.14"\ntorch = "pinned"\nflashinfer = "pinned"\ncuda = "13.0"\ngpu = "b200"\n'
+    cells = expand(load_spec(write_matrix(text)))
+    assert len([c for c in cells if c.env.axes["sglang"] == "0.5.14"]) == 2
+
+
+def test_select_expressions():
+    plan = make_plan(GLM5, ["sglang>=0.5.10,<0.5.14", "mode=piecewise", "gpu=b200"])
+    assert plan.cells
+    assert {c.env.axes["sglang"] for c in plan.cells} == {"0.5.10", "0.5.12"}
+    assert {c.mode for c in plan.cells} == {"piecewise"}
+    both = make_plan(GLM5, ["gpu=b200|rtx-pro-6000", "sglang=0.5.9"])
+    assert {c.env.axes["gpu"] for c in both.cells} == {"b200", "rtx-pro-6000"}
+    # `pinned` compares as the release's pin: 0.5.9 pins flashinfer 0.6.3.
+    pinned = make_plan(GLM5, ["flashinfer<0.6.5", "sglang=0.5.9"])
+    assert {c.env.axes["flashinfer"] for c in pinned.cells} == {"pinned"}
+    env = plan.cells[0].env_id
+    assert {c.env_id for c in make_plan(GLM5, [f"env={env[:6]}"]).cells} == {env}
+
+
+@pytest.mark.parametrize("bad", ["sglang", "colour=red", "sglang>=x.y", "mode=piecewise,"])
+def test_bad_select_is_input_error(bad):
+    with pytest.raises(InputError):
+        make_plan(GLM5, [bad])
+
+
+def test_shards_partition_by_environment():
+    full = make_plan(GLM5)
+    parts = [make_plan(GLM5, shard_text=f"{i}/3") for i in (1, 2, 3)]
+    ids = [c.id for p in parts for c in p.cells]
+    assert sorted(ids) == sorted(c.id for c in full.cells)
+    envs = [{c.env_id for c in p.cells} for p in parts]
+    assert not (envs[0] & envs[1]) and not (envs[1] & envs[2]) and not (envs[0] & envs[2])
+    assert max(len(e) for e in envs) - min(len(e) for e in envs) <= 1
+
+
+@pytest.mark.parametrize("bad", ["0/3", "4/3", "1-3", "1/0"])
+def test_bad_shard(bad):
+    with pytest.raises(InputError):
+        make_plan(GLM5, shard_text=bad)
+
+
+def test_github_matrix_groups_modes_and_respects_max_jobs():
+    plan = make_plan(GLM5)
+    for max_jobs in (2, 5, 256):
+        jobs = github_matrix(plan, max_jobs)["include"]
+        assert 2 <= len(jobs) <= max_jobs
+        assert sum(j["cells"] for j in jobs) == len(plan.cells)
+        for job in jobs:
+            part = make_plan(GLM5, [job["select"]], job["shard"])
+            assert len(part.cells) == job["cells"]
+            modes = {}
+            for c in part.cells:
+                modes.setdefault(c.env_id, set()).add(c.mode)
+            assert all(m == {"baseline", "piecewise"} for m in modes.values())
+    b200 = [j for j in github_matrix(plan)["include"] if j["gpu"] == "b200"]
+    assert b200[0]["runs-on"] == ["self-hosted", "linux", "x64", "gpu-b200x8"]
+    assert b200[0]["timeout-minutes"] == 150
