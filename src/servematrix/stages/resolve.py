@@ -461,6 +461,8 @@ def _run_uv(argv: list[str], *, cwd: Path, timeout_s: float) -> _UvRun:
         return _UvRun(124, "", f"error: uv did not finish: timed out after {timeout_s:g} s")
     except FileNotFoundError:
         return _UvRun(127, "", f"error: uv executable not found: {argv[0]}")
+    except OSError as exc:
+        return _UvRun(126, "", f"error: could not run {argv[0]}: {exc}")
     return _UvRun(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -672,9 +674,7 @@ def release_pins(
             timeout_s=timeout_s,
         )
         _atomic_write(cached, metadata)
-    return parse_release_pins(
-        cached.read_text(encoding="utf-8"), python_version=python_version, platform=platform
-    )
+    return parse_release_pins(cached.read_text(encoding="utf-8"), python_version=python_version, platform=platform)
 
 
 def _versions_equal(a: str, b: str) -> bool:
@@ -684,9 +684,7 @@ def _versions_equal(a: str, b: str) -> bool:
         return a == b
 
 
-def _crossings(
-    req: ResolveRequest, *, uv: str, cache_dir: Path, timeout_s: float
-) -> dict[str, dict[str, str]]:
+def _crossings(req: ResolveRequest, *, uv: str, cache_dir: Path, timeout_s: float) -> dict[str, dict[str, str]]:
     if not req.overrides:
         return {}
     main = req.main_package
@@ -740,9 +738,7 @@ def resolve(
         kw.setdefault("lockfile", None)
         kw.setdefault("crossed", {})
         kw.setdefault("cached", False)
-        return ResolveOutcome(
-            env_id=req.env_id, status=status, reason=reason, inputs_hash=digest, axes=req.axes, **kw
-        )
+        return ResolveOutcome(env_id=req.env_id, status=status, reason=reason, inputs_hash=digest, axes=req.axes, **kw)
 
     header = read_lock_header(lockfile)
     if header is not None and header.inputs_hash == digest:
@@ -755,9 +751,7 @@ def resolve(
         )
 
     try:
-        crossed = _crossings(
-            req, uv=uv, cache_dir=pins_cache_dir or default_pins_cache_dir(), timeout_s=timeout_s
-        )
+        crossed = _crossings(req, uv=uv, cache_dir=pins_cache_dir or default_pins_cache_dir(), timeout_s=timeout_s)
     except ReleasePinsError as exc:
         return outcome(exc.status, exc.reason)
 
