@@ -14,7 +14,7 @@ from collections.abc import Mapping
 REDACTED = "[REDACTED]"
 
 # Shorter values are too likely to occur by chance ("true", "1", "auto") and would shred the text.
-MIN_ENV_VALUE_LEN = 6
+MIN_SECRET_LEN = 6
 
 _SECRET_ENV_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
@@ -24,7 +24,9 @@ _NAME_WORD = r"(?:token|secret|api[_-]?key|apikey|access[_-]?key|private[_-]?key
 _ASSIGNED_SECRET = re.compile(
     r"""(?ix)
     (?<![A-Za-z0-9])
-    (?P<name>(?:[A-Za-z0-9]+[_.-])*""" + _NAME_WORD + r""")
+    (?P<name>(?:[A-Za-z0-9]+[_.-])*"""
+    + _NAME_WORD
+    + r""")
     (?![A-Za-z0-9_])
     (?P<sep>["']?\s*[:=]\s*["']?)
     (?P<value>[^\s"',;&)}\]]+)
@@ -34,7 +36,7 @@ _FLAG_SECRET = re.compile(
     r"""(?ix)
     (?P<name>--(?:[a-z0-9]+-)*(?:token|secret|api-key|password|passwd))
     (?P<sep>\s+|=|["']\s*,\s*["'])
-    (?P<value>[^\s"',\]]+)
+    (?P<value>(?!-)[^\s"',\]]+)
     """
 )
 
@@ -48,6 +50,8 @@ _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{20,}"), REDACTED),
     # AWS access key ids.
     (re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), REDACTED),
+    # JSON Web Tokens (header.payload.signature, the header always starts with {" in base64).
+    (re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), REDACTED),
     # Slack tokens.
     (re.compile(r"(?<![A-Za-z0-9_])xox[abprs]-[A-Za-z0-9-]{10,}"), REDACTED),
     # HTTP authorization keeps its scheme so the reader still sees what was sent. "Basic" and "Token"
@@ -69,9 +73,7 @@ _TOKEN_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
 def secret_env_values(env: Mapping[str, str]) -> list[str]:
     """Values of secret-looking variables, longest first so a value containing another is replaced whole."""
     values = {
-        value
-        for name, value in env.items()
-        if _SECRET_ENV_NAME.search(name) and value and len(value) >= MIN_ENV_VALUE_LEN
+        value for name, value in env.items() if _SECRET_ENV_NAME.search(name) and value and len(value) >= MIN_SECRET_LEN
     }
     return sorted(values, key=len, reverse=True)
 
@@ -81,11 +83,10 @@ def _looks_secret(value: str) -> bool:
         return False
     if value.lower() in {"none", "null", "true", "false", "''", '""'}:
         return False
-    # Counts and sizes (`#token: 1061`) are numbers; a secret is long and mixes letters with digits or
-    # symbols.
+    # Counts and sizes (`#token: 1061`) are numbers, not secrets.
     if value.isdigit():
         return False
-    return len(value) >= MIN_ENV_VALUE_LEN
+    return len(value) >= MIN_SECRET_LEN
 
 
 def _replace_assigned(match: re.Match[str]) -> str:
