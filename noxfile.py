@@ -1,9 +1,9 @@
 """Thin sessions: each installs the package and calls it. No logic lives here.
 
-    nox -s matrix                      # run the default matrix (matrix/glm5-nvfp4.toml)
-    nox -s matrix -- matrix/cpu-smoke.toml --select mode=static
-    nox -s tests                       # the whole test suite (needs ci/install-system-deps.sh once)
-    nox -s lint
+nox -s matrix                      # run the default matrix (matrix/glm5-nvfp4.toml)
+nox -s matrix -- matrix/cpu-smoke.toml --select mode=static
+nox -s tests                       # the whole test suite (needs ci/install-system-deps.sh once)
+nox -s lint
 """
 
 from __future__ import annotations

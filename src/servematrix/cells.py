@@ -154,8 +154,15 @@ def _environment(spec: Spec, axes: dict[str, str]) -> Environment:
     )
 
 
-def server_command(spec: Spec, env: Environment, mode_args: tuple[str, ...], *, port: int | None = None,
-                   host: str = DEFAULT_HOST, model: str | None = None) -> tuple[str, ...]:
+def server_command(
+    spec: Spec,
+    env: Environment,
+    mode_args: tuple[str, ...],
+    *,
+    port: int | None = None,
+    host: str = DEFAULT_HOST,
+    model: str | None = None,
+) -> tuple[str, ...]:
     """The exact server argv: launch + common args + GPU-kind args + mode args, in this version's spelling."""
     engine = spec.engine
     values = {
@@ -170,8 +177,13 @@ def server_command(spec: Spec, env: Environment, mode_args: tuple[str, ...], *, 
 
 def _cell(spec: Spec, env: Environment, mode: str, flags: ModeFlags, command: tuple[str, ...]) -> Cell:
     server_env = {**spec.engine.env, **spec.file.server.env, **env.gpu.env}
-    identity = {"env_id": env.env_id, "mode": mode, "command": list(command), "env": server_env,
-                "applicable": flags.applicable}
+    identity = {
+        "env_id": env.env_id,
+        "mode": mode,
+        "command": list(command),
+        "env": server_env,
+        "applicable": flags.applicable,
+    }
     return Cell(
         id=content_hash(identity),
         env=env,

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servematrix.errors import EXIT_BAD_INPUT, InputError
+from servematrix.pipeline import STAGES
+from servematrix.store import DEFAULT_STORE
 
 DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
+DEFAULT_REPORT = Path("docs/compatibility.md")
 EPILOG = """\
 examples:
   servematrix plan matrix/glm5-nvfp4.toml --select 'sglang>=0.5.10' --select mode=piecewise
@@ -28,11 +32,17 @@ OP is = (exact; VALUE may be a|b), != or a version comparison (>=, <, ~=, ...):
 
 def _matrix_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "matrix", type=Path, nargs="?", default=DEFAULT_MATRIX,
+        "matrix",
+        type=Path,
+        nargs="?",
+        default=DEFAULT_MATRIX,
         help=f"a matrix TOML file (default: {DEFAULT_MATRIX})",
     )
     parser.add_argument(
-        "--select", action="append", default=[], metavar="EXPR",
+        "--select",
+        action="append",
+        default=[],
+        metavar="EXPR",
         help="keep only cells matching EXPR (repeatable; all must hold)",
     )
     parser.add_argument("--shard", metavar="I/N", help="run the I-th of N stable shards (by environment)")
@@ -49,20 +59,102 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     plan = commands.add_parser(
-        "plan", help="expand a matrix into cells and print them",
+        "plan",
+        help="expand a matrix into cells and print them",
         description="Expand a matrix into cells with stable ids and the exact server argv of each.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _matrix_args(plan)
     plan.add_argument("--format", choices=("table", "json", "github"), default="table")
     plan.add_argument(
-        "--max-jobs", type=int, default=256,
+        "--max-jobs",
+        type=int,
+        default=256,
         help="github format: group cells into at most this many jobs (a workflow run takes 256)",
     )
     plan.set_defaults(handler=cmd_plan)
 
+    run = commands.add_parser(
+        "run",
+        help="run the cells of a matrix through the stages and store the results",
+        description="Run cells through resolve → build → probe → serve → bench. Exit 0 when the harness "
+        "worked, even if cells failed (failures are data); 2 on bad input; 130 when interrupted. Cells whose "
+        "inputs are unchanged since a finished run are not run again (--rerun forces them).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _matrix_args(run)
+    run.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        metavar="LIST",
+        help=f"comma-separated stages to run, in pipeline order (default: {','.join(STAGES)})",
+    )
+    run.add_argument(
+        "--backend",
+        choices=("auto", "venv"),
+        default="auto",
+        help="where environments are built and servers run (auto: the best available)",
+    )
+    run.add_argument(
+        "--store", type=Path, default=DEFAULT_STORE, help=f"SQLite result store (default: {DEFAULT_STORE})"
+    )
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".servematrix"),
+        help="environments, logs and built models (default: .servematrix)",
+    )
+    run.add_argument("--lock-dir", type=Path, help="where locks are written (default: locks/ beside the matrix)")
+    run.add_argument("--rerun", action="store_true", help="run cells again even if their inputs are unchanged")
+    run.add_argument(
+        "--report",
+        type=Path,
+        default=DEFAULT_REPORT,
+        help=f"write the compatibility table here after the run (default: {DEFAULT_REPORT})",
+    )
+    run.add_argument("--no-report", dest="report", action="store_const", const=None, help="do not write the table")
+    run.set_defaults(handler=cmd_run)
+
+    lock = commands.add_parser(
+        "lock",
+        help="resolve a lock file per environment with uv",
+        description="Resolve each environment's requirements for its target Python and platform, with hashes. "
+        "status: resolved | unresolvable (the stack cannot be installed) | error (infrastructure; retried).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _matrix_args(lock)
+    lock.add_argument("--out", type=Path, help="directory for lock files (default: locks/ beside the matrix)")
+    lock.add_argument("--format", choices=("table", "json"), default="table")
+    lock.set_defaults(handler=cmd_lock)
+
+    report = commands.add_parser("report", help="write the compatibility table from a store")
+    report.add_argument("--store", type=Path, default=DEFAULT_STORE)
+    report.add_argument(
+        "--out", type=Path, default=DEFAULT_REPORT.parent, help=f"output directory (default: {DEFAULT_REPORT.parent})"
+    )
+    report.set_defaults(handler=cmd_report)
+
+    merge = commands.add_parser("merge", help="merge shard stores into one (idempotent)")
+    merge.add_argument("out", type=Path, metavar="OUT.sqlite")
+    merge.add_argument("inputs", type=Path, nargs="+", metavar="IN.sqlite")
+    merge.set_defaults(handler=cmd_merge)
+
+    tiny = commands.add_parser(
+        "tiny-model",
+        help="build the CPU engine's tiny random Llama into DIR",
+        description="Build a deterministic tiny Llama (byte-level BPE trained on built-in text, 2 layers, hidden 64) "
+        "with no model hub. Needs torch, transformers and tokenizers in the interpreter given by --python.",
+    )
+    tiny.add_argument("dir", type=Path)
+    tiny.add_argument("--python", default=sys.executable, help="interpreter to build with (default: this one)")
+    tiny.set_defaults(handler=cmd_tiny_model)
+
     classify = commands.add_parser(
-        "classify", help="name the failure cause in a server log",
+        "classify",
+        help="name the failure cause in a server log",
         description="Match a server log against the engine's failure signatures. JSON: "
         "{class, title, line, excerpt}; class is null when nothing matches.",
     )
@@ -88,6 +180,110 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise InputError(str(exc)) from None
     else:
         print_table(plan)
+    return 0
+
+
+def _stages(text: str) -> tuple[str, ...]:
+    wanted = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [s for s in wanted if s not in STAGES]
+    if unknown or not wanted:
+        raise InputError(f"--stages {text!r}: unknown stage(s) {unknown} (stages: {','.join(STAGES)})")
+    return tuple(s for s in STAGES if s in wanted)
+
+
+def _backend(name: str, workdir: Path):  # type: ignore[no-untyped-def]
+    from servematrix.backends.venv import VenvBackend
+
+    return VenvBackend(workdir / "envs")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from servematrix.pipeline import RunOptions, run_plan
+    from servematrix.plan import make_plan
+
+    stages = _stages(args.stages)
+    plan = make_plan(args.matrix, args.select, args.shard)
+    options = RunOptions(
+        stages=stages, store=args.store, workdir=args.workdir, lock_dir=args.lock_dir, rerun=args.rerun
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        summary = run_plan(plan, _backend(args.backend, args.workdir), options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if args.report is not None:
+        _write_report(args.store, args.report)
+    print(
+        f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run, {summary.skipped_unchanged} unchanged; "
+        f"store {args.store}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _write_report(store_path: Path, out: Path) -> None:
+    from servematrix.report import markdown
+    from servematrix.store import Store
+
+    with Store(store_path) as store:
+        rows = store.latest()
+    markdown.write(rows, out)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if not args.store.is_file():
+        raise InputError(f"{args.store}: no such store (run `servematrix run` first, or pass --store)")
+    _write_report(args.store, args.out / "compatibility.md")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from servematrix.store import Store
+
+    missing = [str(p) for p in args.inputs if not p.is_file()]
+    if missing:
+        raise InputError(f"no such store(s): {', '.join(missing)}")
+    with Store(args.out) as store:
+        for source in args.inputs:
+            added = store.merge_from(source)
+            print(f"{source}: {added} new row(s)", file=sys.stderr)
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from servematrix.locking import lock_plan
+    from servematrix.plan import make_plan
+
+    plan = make_plan(args.matrix, args.select, args.shard)
+    outcomes = lock_plan(plan, out_dir=args.out)
+    if args.format == "json":
+        print(json.dumps([o.to_contract() for o in outcomes], indent=2))
+    else:
+        for o in outcomes:
+            pins = ", ".join(
+                f"{k}=={v}"
+                for k, v in sorted(o.pins.items())
+                if k in ("sglang", "torch", "flashinfer-python", "transformers")
+            )
+            print(f"{o.env_id}  {o.status:<12} {pins or o.reason.splitlines()[-1] if o.reason else pins}")
+    return 0
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from servematrix.engines import load_engine
+    from servematrix.models import ModelBuildError, ensure_model
+
+    try:
+        built = ensure_model(args.dir, builder="tiny-llama", engine=load_engine("transformers"), python=[args.python])
+    except ModelBuildError as exc:
+        print(f"servematrix: {exc}", file=sys.stderr)
+        return 1
+    print(built)
     return 0
 
 

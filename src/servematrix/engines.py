@@ -71,6 +71,12 @@ class Requirements(_Data):
         return value if isinstance(value, str) else None
 
 
+class Prepare(_Data):
+    """What must exist before the server starts; `{workdir}` is the run's work directory."""
+
+    directories: tuple[str, ...] = ()
+
+
 class ModeFlags(_Data):
     """What a mode means for one engine version."""
 
@@ -88,6 +94,7 @@ class Engine(_Data):
     default_port: int
     requirements: Requirements
     env: dict[str, str] = {}
+    prepare: Prepare = Prepare()
     readiness: Readiness
     launch: tuple[LaunchRow, ...]
     mode_flags: tuple[ModeFlagsRow, ...]
@@ -112,9 +119,7 @@ class Engine(_Data):
         for row in self.mode_flags:
             if row.mode == mode and row.contains(parsed):
                 return ModeFlags(applicable=row.applicable, args=row.args, reason=row.reason)
-        return ModeFlags(
-            applicable=False, args=(), reason=f"mode {mode} is not defined for {self.name} {version}"
-        )
+        return ModeFlags(applicable=False, args=(), reason=f"mode {mode} is not defined for {self.name} {version}")
 
     def rename_flags(self, args: tuple[str, ...], version: str) -> tuple[str, ...]:
         parsed = Version(version)

@@ -103,8 +103,10 @@ def print_table(plan: Plan, console: Console | None = None) -> None:
     table.add_column("command / reason", overflow="fold")
     for cell in plan.cells:
         axes = [_shown(cell, axis, spec) for axis in spec.axis_names]
-        what = " ".join(cell.command[len(spec.engine.launch_argv(cell.env.version)) :]) if cell.applicable else (
-            f"[yellow]not applicable: {cell.reason}[/]"
+        what = (
+            " ".join(cell.command[len(spec.engine.launch_argv(cell.env.version)) :])
+            if cell.applicable
+            else (f"[yellow]not applicable: {cell.reason}[/]")
         )
         table.add_row(cell.id, cell.env_id, *axes, cell.mode, what)
     console.print(table)

@@ -39,6 +39,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 MODULE_CANDIDATES = ("flashinfer.quantization.fp4_quantization", "flashinfer.fp4_quantization")
 MESSAGE_LINES = 4
+OBSERVED_EXCEPTION = "Observed exception"
 
 
 class GraphCaptured(Exception):
@@ -161,7 +162,7 @@ def _build(entry: str, arch: str, module_name: Optional[str], report: dict):
     raise ValueError(f"unknown entry {entry!r}")
 
 
-def probe(entry: str, arch: str, module_name: Optional[str]) -> dict:
+def probe(entry: str, arch: str, module_name: Optional[str], assume_cuda: str = "") -> dict:
     report: dict = {
         "traceable": None,
         "error_type": "",
@@ -174,12 +175,18 @@ def probe(entry: str, arch: str, module_name: Optional[str]) -> dict:
         "arch": arch,
         "module": "",
         "graph": [],
+        "cuda_assumed": "",
     }
     started = time.monotonic()
     try:
         import torch
 
         report["torch"] = torch.__version__
+        if torch.version.cuda is None and assume_cuda:
+            # A CPU build of torch reports no CUDA version; flashinfer's arch selection reads it
+            # (0.6.12+: sm_120 -> sm_120f when CUDA >= 12.9) before it reaches the nvcc probe.
+            torch.version.cuda = assume_cuda
+            report["cuda_assumed"] = assume_cuda
         import flashinfer
 
         report["flashinfer"] = getattr(flashinfer, "__version__", "")
@@ -207,10 +214,18 @@ def probe(entry: str, arch: str, module_name: Optional[str]) -> dict:
             report["traceable"] = True
             report["graph"] = captured[-1] if captured else []
         else:
-            unsupported = getattr(getattr(torch, "_dynamo", None), "exc", None)
-            unsupported = getattr(unsupported, "Unsupported", None)
-            deciding = next((e for e in chain if unsupported and isinstance(e, unsupported)), exc)
-            report["traceable"] = False if deciding is not exc or isinstance(exc, unsupported) else None
+            from torch._dynamo.exc import Unsupported
+
+            deciding = next((e for e in chain if isinstance(e, Unsupported)), None)
+            if deciding is None:
+                # Not dynamo's verdict (e.g. the probe itself broke): inconclusive.
+                deciding = exc
+            elif str(deciding).lstrip().startswith(OBSERVED_EXCEPTION):
+                # The traced code raised (in this CPU environment) before reaching anything dynamo
+                # refuses; a GPU environment would take another path, so this decides nothing.
+                pass
+            else:
+                report["traceable"] = False
             report["error_type"] = f"{type(deciding).__module__}.{type(deciding).__qualname__}"
             report["message"] = _message_head(deciding)
     else:
@@ -226,8 +241,13 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--entry", required=True, choices=("plain", "custom-op", "sglang-op"))
     parser.add_argument("--arch", required=True, help="compute capability without the dot, e.g. 100, 120")
     parser.add_argument("--module", default=None, help="module holding get_fp4_quantization_module")
+    parser.add_argument(
+        "--assume-cuda",
+        default="13.0",
+        help="torch.version.cuda to report when torch is a CPU build ('' leaves it None)",
+    )
     args = parser.parse_args(argv)
-    report = probe(args.entry, args.arch, args.module)
+    report = probe(args.entry, args.arch, args.module, args.assume_cuda)
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
     return 0

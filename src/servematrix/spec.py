@@ -188,7 +188,9 @@ def _check_axis_value(
             raise source.error(where, f"unknown GPU kind {value!r}: define it in a [gpu.{value}] table")
     elif value == PINNED:
         if axis not in engine.pinnable:
-            raise source.error(where, f"{axis} cannot be {PINNED!r}: only {', '.join(engine.pinnable) or 'no axis'} can")
+            raise source.error(
+                where, f"{axis} cannot be {PINNED!r}: only {', '.join(engine.pinnable) or 'no axis'} can"
+            )
     else:
         try:
             Version(value)
@@ -205,12 +207,12 @@ def _check_arguments(source: TomlSource, file: SpecFile) -> None:
         places += [(("gpu", name, "env", k), v) for k, v in kind.env.items()]
     for where, value in places:
         if SHELL_METACHARACTERS.search(value):
-            raise source.error(where, f"{value!r} contains shell metacharacters; give each argument as its own list item")
+            raise source.error(
+                where, f"{value!r} contains shell metacharacters; give each argument as its own list item"
+            )
 
 
-def _rule(
-    source: TomlSource, where: KeyPath, raw: dict[str, str | list[str]], file: SpecFile, engine: Engine
-) -> Rule:
+def _rule(source: TomlSource, where: KeyPath, raw: dict[str, str | list[str]], file: SpecFile, engine: Engine) -> Rule:
     known = (*engine.axes, "gpu", "mode")
     if not raw:
         raise source.error(where, "rule is empty")

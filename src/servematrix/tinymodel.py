@@ -28,17 +28,19 @@ hash of every builder input), so callers can skip a rebuild when the marker matc
 import os
 import sys
 
-if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0] or os.curdir) == os.path.dirname(
-    os.path.abspath(__file__)
+if (
+    __name__ == "__main__"
+    and sys.path
+    and os.path.abspath(sys.path[0] or os.curdir) == os.path.dirname(os.path.abspath(__file__))
 ):
     del sys.path[0]
 
-import argparse  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
 
 BUILDER_VERSION = "1"
 MARKER_NAME = "servematrix-tiny-model.json"
@@ -158,7 +160,10 @@ def builder_path() -> Path:
 
 
 def input_hash(seed: int = DEFAULT_SEED) -> str:
-    """A sha256 over every builder input (version, seed, configs, template, corpus). Stdlib only."""
+    """A sha256 over every builder input: this file's source (code, configs, template, corpus text) and seed.
+
+    Stdlib only, so the harness can compare it with a model directory's marker without torch.
+    """
     h = hashlib.sha256()
     payload = {
         "builder_version": BUILDER_VERSION,
@@ -170,7 +175,7 @@ def input_hash(seed: int = DEFAULT_SEED) -> str:
         "chat_template": CHAT_TEMPLATE,
     }
     h.update(json.dumps(payload, sort_keys=True).encode())
-    h.update(training_text().encode())
+    h.update(builder_path().read_bytes())
     return h.hexdigest()
 
 
@@ -185,7 +190,7 @@ def read_marker(out_dir: str | os.PathLike[str]) -> dict | None:
 def is_built(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED) -> bool:
     """True if ``out_dir`` holds a model built from the current builder inputs."""
     marker = read_marker(out_dir)
-    return bool(marker) and marker.get("input_hash") == input_hash(seed)
+    return marker is not None and marker.get("input_hash") == input_hash(seed)
 
 
 def _sha256_file(path: Path) -> str:
@@ -297,8 +302,13 @@ def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: b
         for p in tmp.iterdir():
             p.chmod(0o644)
         if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+            shutil.rmtree(out, ignore_errors=True)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            # A concurrent builder renamed its (identical) result into place first.
+            if not is_built(out, seed):
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -108,9 +108,9 @@ def _index_list_items(source: TomlSource, keypath: KeyPath, text_lines: list[str
     """Give each item of a list value the line it sits on, so `axes.sglang[3]` points at its line."""
     value: Any = source.data
     for part in keypath:
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and isinstance(part, int) and part < len(value):
+        if (isinstance(value, dict) and part in value) or (
+            isinstance(value, list) and isinstance(part, int) and part < len(value)
+        ):
             value = value[part]
         else:
             return

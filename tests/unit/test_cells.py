@@ -15,8 +15,11 @@ GLM5 = MATRIX / "glm5-nvfp4.toml"
 
 def _cell(cells, sglang, mode, flashinfer="pinned", gpu="b200"):
     (found,) = [
-        c for c in cells
-        if c.env.axes["sglang"] == sglang and c.mode == mode and c.env.axes["flashinfer"] == flashinfer
+        c
+        for c in cells
+        if c.env.axes["sglang"] == sglang
+        and c.mode == mode
+        and c.env.axes["flashinfer"] == flashinfer
         and c.env.axes["gpu"] == gpu
     ]
     return found
@@ -103,7 +106,10 @@ def test_exclude_that_matches_nothing_warns(write_matrix, capsys):
 
 
 def test_include_adds_an_environment(write_matrix):
-    text = SMALL_SGLANG + '[[include]]\nsglang = "0.5.14"\ntorch = "pinned"\nflashinfer = "pinned"\ncuda = "13.0"\ngpu = "b200"\n'
+    text = (
+        SMALL_SGLANG
+        + '[[include]]\nsglang = "0.5.14"\ntorch = "pinned"\nflashinfer = "pinned"\ncuda = "13.0"\ngpu = "b200"\n'
+    )
     cells = expand(load_spec(write_matrix(text)))
     assert len([c for c in cells if c.env.axes["sglang"] == "0.5.14"]) == 2
 

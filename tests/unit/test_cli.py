@@ -17,7 +17,11 @@ def _plan_json_in(directory: Path, hashseed: str) -> list[dict]:
     env = {**os.environ, "PYTHONHASHSEED": hashseed, "PYTHONPATH": str(REPO / "src")}
     out = subprocess.run(
         [sys.executable, "-m", "servematrix", "plan", "matrix/glm5-nvfp4.toml", "--format", "json"],
-        cwd=directory, env=env, capture_output=True, text=True, check=True,
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout)
 

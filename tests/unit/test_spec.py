@@ -23,7 +23,7 @@ def test_product_matrices_validate():
 
 
 def test_unknown_key_names_file_line_and_key(write_matrix):
-    text = SMALL_SGLANG.replace('count = 8', 'count = 8\nwarp_speed = 9')
+    text = SMALL_SGLANG.replace("count = 8", "count = 8\nwarp_speed = 9")
     err = _error(write_matrix, text)
     assert err.location is not None
     assert str(err.location.file).endswith("m.toml")

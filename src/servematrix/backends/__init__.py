@@ -1,0 +1,54 @@
+"""Backends: where an environment is built and where its server runs.
+
+Each backend turns an environment (and its lock, when the resolve stage made one) into something that
+can launch the engine's argv: a venv (uv), or an image (podman/docker). The serve stage does not care
+which: it gets an argv, an environment and a working directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildInput:
+    env_id: str
+    python: str
+    requirements: tuple[str, ...]  # used when there is no lock
+    lockfile: Path | None = None  # a hashed lock from the resolve stage
+    lock_hash: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Built:
+    ok: bool
+    env_id: str
+    prefix: Path | None = None  # venv directory
+    image_digest: str | None = None
+    lock_hash: str = ""  # hash of the exact installed set
+    installed: Mapping[str, str] = field(default_factory=dict)
+    cached: bool = False
+    seconds: float = 0.0
+    excerpt: str = ""  # the failing step's lines
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    owns_listener: bool  # the launched process tree itself listens on the port (false behind a proxy)
+
+
+class Backend(Protocol):
+    name: str
+
+    def build(self, request: BuildInput, log_path: Path) -> Built: ...
+
+    def launch(self, built: Built, argv: tuple[str, ...], env: Mapping[str, str], port: int) -> LaunchSpec: ...
+
+    def python(self, built: Built) -> tuple[str, ...]:
+        """How to run a Python script inside the environment (e.g. the tiny-model builder)."""
+        ...

@@ -1,0 +1,79 @@
+"""Facts about the host that go into every stored row, and which GPUs it has."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpu:
+    name: str
+    arch: str  # sm_100, sm_120, ...
+    driver: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Host:
+    hostname: str
+    cpu: str
+    cpus: int
+    os: str
+    gpus: tuple[Gpu, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["gpu_sku"] = self.gpus[0].name if self.gpus else None
+        data["driver"] = self.gpus[0].driver if self.gpus else None
+        return data
+
+    def count(self, arch: str) -> int:
+        return sum(1 for g in self.gpus if g.arch == arch)
+
+
+@functools.cache
+def host() -> Host:
+    return Host(
+        hostname=socket.gethostname(),
+        cpu=_cpu_model(),
+        cpus=len(os.sched_getaffinity(0)),
+        os=f"{platform.system()} {platform.release()}",
+        gpus=tuple(_nvidia_gpus()),
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _nvidia_gpus() -> list[Gpu]:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        name, cap, driver = (part.strip() for part in line.split(",", 2))
+        gpus.append(Gpu(name=name, arch="sm_" + cap.replace(".", ""), driver=driver))
+    return gpus

@@ -1,0 +1,401 @@
+"""`servematrix run`: each environment, then each of its cells, through the stages in order.
+
+    resolve (uv lock) → build (venv | image) → probe (CPU checks) → serve (launch, ready, early abort) → bench
+
+Each stage is a small named function that may end the cell with a verdict. Environment-level stages
+(resolve, build) run once and are shared by every mode. Every finished cell is written to the store at
+once, so a crash loses nothing finished; a row is opened before a server starts, with its process
+group, so the next run can reap a server orphaned by a killed harness.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from servematrix import hostinfo, verdict
+from servematrix.backends import Backend, Built
+from servematrix.cells import Cell, Environment, content_hash
+from servematrix.locking import default_lock_dir, resolve_request
+from servematrix.models import ModelBuildError, ensure_model
+from servematrix.plan import Plan
+from servematrix.stages import bench, build, serve
+from servematrix.stages.resolve import ResolveOutcome, resolve
+from servematrix.store import Store
+from servematrix.verdict import Verdict
+
+STAGES = ("resolve", "build", "probe", "serve", "bench")
+GPU_STAGES = ("build", "serve", "bench")  # need the cell's GPUs; resolve and probe run anywhere
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    stages: tuple[str, ...] = STAGES
+    store: Path = Path(".servematrix/results.sqlite")
+    workdir: Path = Path(".servematrix")
+    lock_dir: Path | None = None  # default: locks/ beside the matrix file
+    rerun: bool = False
+    trust_probe: bool = False
+    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6])
+
+
+@dataclass
+class Summary:
+    run_id: str
+    verdicts: dict[str, str] = field(default_factory=dict)  # cell id -> verdict
+    skipped_unchanged: int = 0
+    reaped: list[int] = field(default_factory=list)
+
+
+def inputs_hash(plan: Plan, cell: Cell, stages: Sequence[str]) -> str:
+    """What decides whether a finished result still stands: the cell, the workload, the model, the stages."""
+    file = plan.spec.file
+    return content_hash(
+        {"cell": cell.id, "bench": file.bench.model_dump(), "model": file.model.model_dump(), "stages": list(stages)}
+    )
+
+
+def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console | None = None) -> Summary:
+    console = console or Console(stderr=True)
+    summary = Summary(run_id=options.run_id)
+    store = Store(options.store)
+    try:
+        summary.reaped = reap_orphans(store)
+        if summary.reaped:
+            console.print(f"[yellow]killed {len(summary.reaped)} orphaned server process(es) of an earlier run[/]")
+        runner = _Runner(plan=plan, backend=backend, options=options, store=store, console=console, summary=summary)
+        runner.run()
+    finally:
+        store.close()
+    return summary
+
+
+def reap_orphans(store: Store) -> list[int]:
+    """Rows left `running` by a harness that no longer exists: kill their server groups, mark them interrupted."""
+    killed: list[int] = []
+    for row in store.running():
+        owner = row.get("harness_pid")
+        if owner and owner != os.getpid() and psutil.pid_exists(owner):
+            continue  # another live harness owns it
+        pid, pgid = row.get("server_pid"), row.get("server_pgid")
+        if pid and _is_server(pid, row.get("argv") or []):
+            killed += serve.kill_tree(pid, pgid, grace_s=5.0)
+        elif pgid:
+            killed += serve.kill_tree(pgid, pgid, grace_s=5.0) if _is_server(pgid, row.get("argv") or []) else []
+        store.finish(
+            row["run_id"], row["cell_id"], verdict="interrupted", excerpt="the harness stopped while this cell ran"
+        )
+    return killed
+
+
+def _is_server(pid: int, argv: Sequence[str]) -> bool:
+    """Guard against pid reuse: only a process whose command line is the recorded server argv."""
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    # The launcher may resolve argv[0] (python -> /env/bin/python), so compare the arguments only.
+    tail = list(argv[1:])
+    return bool(cmdline) and (cmdline[-len(tail) :] == tail if tail else True)
+
+
+@dataclass
+class _EnvState:
+    env: Environment
+    resolved: ResolveOutcome | None = None
+    built: Built | None = None
+    ended: Verdict | None = None  # an environment-level verdict that ends every cell
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Runner:
+    plan: Plan
+    backend: Backend
+    options: RunOptions
+    store: Store
+    console: Console
+    summary: Summary
+
+    def run(self) -> None:
+        spec = self.plan.spec
+        host = hostinfo.host()
+        self.host = host.to_dict()
+        todo: dict[str, list[Cell]] = {}
+        for cell in self.plan.cells:
+            if not self.options.rerun and self.store.finished(cell.id, self._inputs(cell)):
+                self.summary.skipped_unchanged += 1
+                continue
+            todo.setdefault(cell.env_id, []).append(cell)
+        total = sum(len(c) for c in todo.values())
+        if self.summary.skipped_unchanged:
+            self.console.print(
+                f"{self.summary.skipped_unchanged} cell(s) unchanged since their last finished run: not run again "
+                "(--rerun to force)"
+            )
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[stage]}"),
+            console=self.console,
+            transient=False,
+        ) as progress:
+            task = progress.add_task(f"{spec.path.name}", total=total, stage="")
+            self._progress = (progress, task)
+            for cells in todo.values():
+                state = _EnvState(env=cells[0].env)
+                for cell in cells:
+                    self._run_cell(state, cell)
+                    progress.advance(task)
+        self._print_summary()
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _inputs(self, cell: Cell) -> str:
+        return inputs_hash(self.plan, cell, self.options.stages)
+
+    def _stage(self, cell: Cell, name: str) -> None:
+        progress, task = self._progress
+        progress.update(task, stage=f"{cell.id} {cell.env.version} {cell.mode}: {name}")
+
+    def _wants(self, stage: str) -> bool:
+        return stage in self.options.stages
+
+    def _base_row(self, cell: Cell, state: _EnvState) -> dict[str, Any]:
+        return {
+            "run_id": self.options.run_id,
+            "cell_id": cell.id,
+            "env_id": cell.env_id,
+            "engine": cell.env.engine,
+            "mode": cell.mode,
+            "matrix": str(self.plan.spec.path),
+            "axes": dict(cell.env.axes),
+            "inputs_hash": self._inputs(cell),
+            "host": self.host,
+            "argv": list(cell.command),
+            "lock_hash": state.built.lock_hash
+            if state.built
+            else (state.resolved.inputs_hash if state.resolved else None),
+            "lock_file": str(state.resolved.lockfile) if state.resolved and state.resolved.lockfile else None,
+            "crossed_pins": state.resolved.crossed if state.resolved else None,
+            "image_digest": state.built.image_digest if state.built else None,
+        }
+
+    def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
+        self.store.record(
+            **self._base_row(cell, state),
+            verdict=str(result),
+            excerpt=result.excerpt,
+            evidence=list(result.evidence),
+            stages=state.stage_seconds,
+            **extra,
+        )
+        self.summary.verdicts[cell.id] = str(result)
+
+    def _gpu_ready(self, env: Environment) -> bool:
+        kind = env.gpu
+        if kind.arch == "cpu" or kind.count == 0:
+            return True
+        return hostinfo.host().count(kind.arch) >= kind.count
+
+    # -- environment stages ----------------------------------------------------------------------
+    def _prepare_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if state.ended is not None:
+            return state.ended
+        env, engine = state.env, self.plan.spec.engine
+        if self._wants("resolve") and state.resolved is None:
+            self._stage(cell, "resolve")
+            started = time.monotonic()
+            state.resolved = self._resolve(env)
+            state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
+            if state.resolved.status == "unresolvable":
+                state.ended = Verdict(kind="unresolvable", excerpt=state.resolved.reason)
+            elif state.resolved.status == "error":
+                state.ended = verdict.error("resolve", state.resolved.reason)
+            if state.ended:
+                return state.ended
+        if not self._gpu_ready(env):
+            return None  # GPU stages are skipped per cell below; nothing to build here
+        if self._wants("build") and state.built is None:
+            self._stage(cell, "build")
+            lock = state.resolved.lockfile if state.resolved and state.resolved.status == "resolved" else None
+            state.built = build.build(
+                self.backend,
+                env,
+                engine,
+                lockfile=lock,
+                lock_hash=state.resolved.inputs_hash if lock else None,
+                log_path=self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log",
+            )
+            state.stage_seconds["build"] = round(state.built.seconds, 3)
+            if not state.built.ok:
+                state.ended = verdict.failed("build", excerpt=state.built.excerpt)
+                return state.ended
+        return None
+
+    def _resolve(self, env: Environment) -> ResolveOutcome:
+        request = resolve_request(self.plan, env.env_id)
+        return resolve(request, out_dir=self.options.lock_dir or default_lock_dir(self.plan))
+
+    # -- cell stages -----------------------------------------------------------------------------
+    def _run_cell(self, state: _EnvState, cell: Cell) -> None:
+        if not cell.applicable:
+            self._record(cell, state, verdict.skipped("not-applicable", excerpt=cell.reason))
+            return
+        ended = self._prepare_env(state, cell)
+        if ended is not None:
+            self._record(cell, state, ended)
+            return
+        if not self._gpu_ready(state.env):
+            kind = state.env.gpu
+            self._record(cell, state, verdict.skipped("no-gpu", excerpt=f"needs {kind.count}x {kind.arch}"))
+            return
+        if not (self._wants("serve") and state.built is not None):
+            self._record(cell, state, verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}"))
+            return
+        self._serve_and_bench(state, cell)
+
+    def _serve_and_bench(self, state: _EnvState, cell: Cell) -> None:
+        spec = self.plan.spec
+        assert state.built is not None
+        try:
+            model = self._model(state)
+        except ModelBuildError as exc:
+            self._record(cell, state, verdict.error("model-build", excerpt=str(exc)))
+            return
+        run_id = self.options.run_id
+        log_path = self.options.workdir / "logs" / run_id / f"{cell.id}.log"
+        port = serve.free_port()
+        argv = build_argv(self.plan, cell, model=model, port=port)
+        workdir = self.options.workdir.resolve()
+        env_vars = {k: v.format(workdir=workdir) for k, v in cell.server_env.items()}
+        for directory in spec.engine.prepare.directories:
+            Path(directory.format(workdir=workdir)).mkdir(parents=True, exist_ok=True)
+        launch = self.backend.launch(state.built, argv, env_vars, port)
+        timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
+        self.store.start(
+            **{**self._base_row(cell, state), "argv": list(argv)}, log_path=str(log_path), harness_pid=os.getpid()
+        )
+
+        def started(pid: int, pgid: int) -> None:
+            self.store.update(run_id, cell.id, server_pid=pid, server_pgid=pgid)
+
+        stage_seconds = dict(state.stage_seconds)
+        metrics: dict[str, Any] | None = None
+        try:
+            self._stage(cell, "serve")
+            with serve.Server(
+                launch,
+                engine=spec.engine.name,
+                port=port,
+                log_path=log_path,
+                readiness=spec.engine.readiness,
+                timeout_s=timeout,
+                on_started=started,
+            ) as server:
+                ready = server.wait_ready()
+                stage_seconds["serve"] = round(ready.seconds, 3)
+                if not ready.ok:
+                    assert ready.verdict is not None
+                    result = ready.verdict
+                elif self._wants("bench"):
+                    self._stage(cell, "bench")
+                    started_bench = time.monotonic()
+                    result, metrics = self._bench(server, model)
+                    stage_seconds["bench"] = round(time.monotonic() - started_bench, 3)
+                else:
+                    result = verdict.passed()
+        except KeyboardInterrupt:
+            self.store.finish(
+                run_id, cell.id, verdict="interrupted", excerpt="interrupted (SIGINT/SIGTERM)", stages=stage_seconds
+            )
+            self.summary.verdicts[cell.id] = "interrupted"
+            raise
+        except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
+            result = verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
+        self.store.finish(
+            run_id,
+            cell.id,
+            verdict=str(result),
+            excerpt=result.excerpt,
+            evidence=list(result.evidence),
+            metrics=metrics,
+            stages=stage_seconds,
+        )
+        self.summary.verdicts[cell.id] = str(result)
+
+    def _bench(self, server: serve.Server, model: str) -> tuple[Verdict, dict[str, Any] | None]:
+        file = self.plan.spec.file
+        smoke = bench.smoke_check_sync(server.base_url, model, api=file.bench.api)
+        doomed = server.check()
+        if doomed is not None:
+            return doomed, None
+        if not smoke.ok:
+            return verdict.failed("smoke", excerpt=smoke.reason), None
+        workload = bench.Workload(
+            concurrency=tuple(file.bench.concurrency),
+            input_len=file.bench.input_len,
+            output_len=file.bench.output_len,
+            prompts_per_concurrency=file.bench.prompts_per_concurrency,
+            warmup=file.bench.warmup,
+            repeats=file.bench.repeats,
+            temperature=file.bench.temperature,
+            api=file.bench.api,
+        )
+        report = bench.run_workload_sync(server.base_url, model, workload)
+        metrics = report.to_dict()
+        doomed = server.check()
+        if doomed is not None:
+            return doomed, metrics
+        errors = report.error_count
+        if errors:
+            return verdict.failed("bench-errors", excerpt=f"{errors} request(s) failed"), metrics
+        return verdict.passed(), metrics
+
+    def _model(self, state: _EnvState) -> str:
+        """The model argument: a built tiny model's absolute path, or the matrix's model id as written."""
+        model = self.plan.spec.file.model
+        if not model.build:
+            return model.path
+        assert state.built is not None
+        return str(
+            ensure_model(
+                Path(model.path),
+                builder=model.build,
+                engine=self.plan.spec.engine,
+                python=self.backend.python(state.built),
+            )
+        )
+
+    def _print_summary(self) -> None:
+        if not self.summary.verdicts:
+            return
+        table = Table(title=f"run {self.options.run_id}")
+        for column in ("cell", *self.plan.spec.axis_names, "mode", "verdict"):
+            table.add_column(column)
+        by_id = {c.id: c for c in self.plan.cells}
+        for cell_id, result in self.summary.verdicts.items():
+            cell = by_id[cell_id]
+            colour = (
+                "green" if result == "pass" else "red" if result.startswith(("fail", "unres", "error")) else "yellow"
+            )
+            table.add_row(cell_id, *cell.env.axes.values(), cell.mode, f"[{colour}]{result}[/]")
+        self.console.print(table)
+
+
+def build_argv(plan: Plan, cell: Cell, *, model: str, port: int) -> tuple[str, ...]:
+    from servematrix.cells import server_command
+
+    flags = plan.spec.engine.mode_flags_for(cell.mode, cell.env.version)
+    return server_command(plan.spec, cell.env, flags.args, port=port, model=model)

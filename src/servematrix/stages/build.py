@@ -1,0 +1,45 @@
+"""The build stage: an environment's requirements (or lock) become a venv or an image via a backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servematrix.backends import Backend, BuildInput, Built
+from servematrix.cells import Environment
+from servematrix.engines import Engine
+from servematrix.spec import PINNED
+
+
+def requirements(env: Environment, engine: Engine) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(requirements, overrides) from an environment's axes.
+
+    The engine's own version is a requirement. An axis the release pins (torch, flashinfer for sglang)
+    is left to the pin when `pinned`, and is otherwise a resolver override, since it may cross the
+    release's exact pin. Axes the engine does not pin are plain requirements.
+    """
+    reqs: list[str] = []
+    overrides: list[str] = []
+    for axis in engine.axes:
+        template = engine.requirements.for_axis(axis)
+        value = env.axes[axis]
+        if template is None or value == PINNED:
+            continue
+        line = template.format(version=value)
+        (overrides if axis in engine.pinnable else reqs).append(line)
+    return (*reqs, *engine.requirements.extra), tuple(overrides)
+
+
+def build(
+    backend: Backend, env: Environment, engine: Engine, *, lockfile: Path | None, lock_hash: str | None, log_path: Path
+) -> Built:
+    reqs, overrides = requirements(env, engine)
+    request = BuildInput(
+        env_id=env.env_id,
+        python=env.python,
+        # Without a lock, overrides are installed as plain pins: uv pip install has no override file input
+        # here, and a crossing that does not resolve fails the build with uv's own explanation.
+        requirements=(*reqs, *overrides),
+        lockfile=lockfile,
+        lock_hash=lock_hash,
+    )
+    return backend.build(request, log_path)

@@ -1,0 +1,266 @@
+"""The serve stage: launch a cell's server, know when it is ready or doomed, and always tear it down.
+
+The server runs in its own session (process group) with its output going straight to a log file. While
+waiting, the harness tails that file through the engine's failure signatures: a fatal line ends the
+cell at once (SGLang often keeps running, hung, after a scheduler dies), without waiting for the
+readiness deadline. Teardown kills the whole process tree, found with psutil, on every path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import psutil
+
+from servematrix.backends import LaunchSpec
+from servematrix.classify import LogScanner
+from servematrix.engines import Readiness
+from servematrix.redact import redact
+from servematrix.verdict import Verdict, failed
+
+TAIL_LINES = 30
+SCAN_INTERVAL_S = 0.1
+SETTLE_S = 0.5
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready:
+    ok: bool
+    seconds: float
+    verdict: Verdict | None = None  # why it is not ready
+
+
+class Server:
+    """A running server. Use as a context manager: the process tree is gone when the block exits."""
+
+    def __init__(
+        self,
+        launch: LaunchSpec,
+        *,
+        engine: str,
+        port: int,
+        log_path: Path,
+        readiness: Readiness,
+        timeout_s: float,
+        host: str = "127.0.0.1",
+        on_started: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.launch = launch
+        self.engine = engine
+        self.port = port
+        self.host = host
+        self.log_path = log_path
+        self.readiness = readiness
+        self.timeout_s = timeout_s
+        self.on_started = on_started
+        self.base_url = f"http://{host}:{port}"
+        # Secrets may be set only in the launch environment, not in the harness's own.
+        self._secrets = {**os.environ, **launch.env}
+        self.process: subprocess.Popen[bytes] | None = None
+        self._scanner = LogScanner(engine, env={**os.environ, **launch.env})
+        self._offset = 0
+        self._partial = ""
+        self._lines: deque[str] = deque(maxlen=TAIL_LINES)  # the tail only: logs of long runs are large
+        self._fatal: Verdict | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> Server:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.launch.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(self.launch.env),
+                start_new_session=True,  # its own process group: one killpg reaches every worker
+            )
+        if self.on_started:
+            self.on_started(self.process.pid, os.getpgid(self.process.pid))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+        self._redact_log()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process is None:
+            return
+        kill_tree(self.process.pid, self.process.pid, grace_s=grace_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+    # -- watching --------------------------------------------------------------------------------
+    def wait_ready(self) -> Ready:
+        """Poll readiness until the deadline, the process exits, or a fatal log line appears."""
+        assert self.process is not None
+        started = time.monotonic()
+        deadline = started + self.timeout_s
+        next_poll = started
+        while True:
+            verdict = self.check()
+            if verdict is not None:
+                return Ready(ok=False, seconds=time.monotonic() - started, verdict=verdict)
+            now = time.monotonic()
+            if now >= next_poll:
+                if self._responds() and self._we_listen():
+                    return Ready(ok=True, seconds=now - started)
+                next_poll = now + self.readiness.interval_s
+            if now >= deadline:
+                tail = self._tail()
+                return Ready(
+                    ok=False,
+                    seconds=now - started,
+                    verdict=failed("server-timeout", excerpt=f"not ready after {self.timeout_s:.0f} s\n{tail}"),
+                )
+            time.sleep(min(SCAN_INTERVAL_S, max(0.0, next_poll - time.monotonic())) or SCAN_INTERVAL_S)
+
+    def check(self) -> Verdict | None:
+        """A verdict if the server is doomed: a fatal signature in its log, or its process exited."""
+        assert self.process is not None
+        if self._fatal is not None:
+            return self._fatal
+        if self._scan() is not None:
+            # The first fatal line is often the generic "Scheduler hit an exception"; the specific cause
+            # (dynamo, OOM, NCCL) follows within the same log record. Read a moment longer, then rank.
+            time.sleep(SETTLE_S)
+            self._scan()
+            self.stop(grace_s=2.0)  # a fatal line means the run is over even if the process lingers
+            self._scan()
+            match = self._scanner.best()
+            assert match is not None
+            self._fatal = failed(match.cls, excerpt=match.excerpt, evidence=match.evidence)
+            return self._fatal
+        code = self.process.poll()
+        if code is not None:
+            self._scan()
+            found = self._scanner.best()
+            tail = self._tail()
+            if found is not None:
+                self._fatal = failed(found.cls, excerpt=found.excerpt, evidence=found.evidence)
+            else:
+                self._fatal = failed("server-exited", excerpt=f"exit code {code}; last lines:\n{tail}")
+            return self._fatal
+        return None
+
+    def _scan(self):  # type: ignore[no-untyped-def]
+        try:
+            with self.log_path.open("rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return None
+        if not chunk:
+            return None
+        self._offset += len(chunk)
+        text = self._partial + chunk.decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        first_fatal = None
+        for line in lines:
+            self._lines.append(line)
+            hit = self._scanner.feed(line)
+            if hit is not None and first_fatal is None:
+                first_fatal = hit
+        return first_fatal
+
+    def _tail(self) -> str:
+        return redact("\n".join(self._lines), self._secrets)
+
+    def _responds(self) -> bool:
+        # A fresh connection per probe: some servers drop a kept-alive connection while starting.
+        try:
+            response = httpx.get(self.base_url + self.readiness.path, timeout=min(30.0, self.readiness.interval_s + 5))
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def _we_listen(self) -> bool:
+        """The answer came from our server, not from whatever else holds the port."""
+        if not self.launch.owns_listener:
+            return True
+        assert self.process is not None
+        try:
+            root = psutil.Process(self.process.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return False
+        for proc in tree:
+            try:
+                for conn in proc.net_connections(kind="inet"):
+                    if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self.port:
+                        return True
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return False
+
+    def _redact_log(self) -> None:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return
+        cleaned = redact(text, self._secrets)
+        if cleaned != text:
+            self.log_path.write_text(cleaned, encoding="utf-8")
+
+
+def kill_tree(pid: int, pgid: int | None, *, grace_s: float = 10.0) -> list[int]:
+    """SIGTERM the group and every descendant, then SIGKILL what is left. Returns the pids it found."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    if pgid is not None:
+        procs += [p for p in _group_members(pgid) if p not in procs]
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    return [p.pid for p in procs]
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+            continue
+    return members
