@@ -25,6 +25,7 @@ run time (plugin-extendable lists, parser registries) are left out, meaning "not
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import os
@@ -75,7 +76,13 @@ class FlagSurface:
     deprecated: frozenset[str] = frozenset()
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     multi_value: frozenset[str] = frozenset()  # flags that take several values (nargs +/*/N)
+    # Flags whose choices come from a list that plugins may extend at run time (`add_*_choices`):
+    # complete for a stock install, but not closed.
+    extendable: frozenset[str] = frozenset()
     wheel: str = ""
+
+    def closed_choices(self) -> dict[str, tuple[str, ...]]:
+        return {flag: values for flag, values in self.choices.items() if flag not in self.extendable}
     sha256: str = ""
 
     def to_json(self) -> dict:
@@ -88,6 +95,7 @@ class FlagSurface:
             "deprecated": sorted(self.deprecated),
             "choices": {flag: list(values) for flag, values in sorted(self.choices.items())},
             "multi_value": sorted(self.multi_value),
+            "extendable": sorted(self.extendable),
         }
 
     @classmethod
@@ -98,6 +106,7 @@ class FlagSurface:
             deprecated=frozenset(data.get("deprecated", ())),
             choices={flag: tuple(values) for flag, values in data.get("choices", {}).items()},
             multi_value=frozenset(data.get("multi_value", ())),
+            extendable=frozenset(data.get("extendable", ())),
             wheel=data.get("wheel", ""),
             sha256=data.get("sha256", ""),
         )
@@ -113,9 +122,16 @@ def accepted_flags(sglang_version: str, *, cache_dir: Path) -> frozenset[str]:
     return flag_surface(sglang_version, cache_dir=cache_dir).flags
 
 
-def accepted_choices(sglang_version: str, *, cache_dir: Path) -> dict[str, tuple[str, ...]]:
-    """`{flag: allowed values}` for the flags whose `choices=` is statically closed."""
-    return dict(flag_surface(sglang_version, cache_dir=cache_dir).choices)
+def accepted_choices(
+    sglang_version: str, *, cache_dir: Path, include_extendable: bool = False
+) -> dict[str, tuple[str, ...]]:
+    """`{flag: allowed values}` for the flags whose `choices=` is statically known.
+
+    By default only closed lists; `include_extendable` adds the lists that plugins may extend at run
+    time (attention, MoE runner, quantization backends...), which are complete for a stock install.
+    """
+    surface = flag_surface(sglang_version, cache_dir=cache_dir)
+    return dict(surface.choices) if include_extendable else surface.closed_choices()
 
 
 def unknown_flags(argv: Sequence[str], accepted: Collection[str], *, allow_abbrev: bool = True) -> list[str]:
@@ -240,15 +256,7 @@ def surface_from_wheel(wheel: Path, *, version: str = "") -> FlagSurface:
         }
     digest = hashlib.sha256(Path(wheel).read_bytes()).hexdigest()
     surface = surface_from_sources(sources, version=version)
-    return FlagSurface(
-        version=surface.version,
-        flags=surface.flags,
-        deprecated=surface.deprecated,
-        choices=surface.choices,
-        multi_value=surface.multi_value,
-        wheel=Path(wheel).name,
-        sha256=digest,
-    )
+    return dataclasses.replace(surface, wheel=Path(wheel).name, sha256=digest)
 
 
 def surface_from_sources(sources: Mapping[str, str], *, version: str = "") -> FlagSurface:
@@ -265,6 +273,7 @@ def surface_from_sources(sources: Mapping[str, str], *, version: str = "") -> Fl
         deprecated=frozenset(reader.deprecated),
         choices=dict(reader.choices),
         multi_value=frozenset(reader.multi_value),
+        extendable=frozenset(reader.extendable),
     )
 
 
@@ -296,6 +305,7 @@ class _Reader:
         self.deprecated: set[str] = set()
         self.choices: dict[str, tuple[str, ...]] = {}
         self.multi_value: set[str] = set()
+        self.extendable: set[str] = set()
         self._mutated: dict[str, bool] = {}
 
     # -- modules ------------------------------------------------------------------------------------
@@ -401,15 +411,17 @@ class _Reader:
         self.flags.update(flags)
         if action_name.startswith("Deprecated"):
             self.deprecated.update(flags)
-        values = literal_choices
+        values, notes = literal_choices, set()
         if "choices" in kwargs:
             try:
-                values = _as_choices(self.resolve(kwargs["choices"], mod, scope=None))
+                values = _as_choices(self.resolve(kwargs["choices"], mod, scope=None, notes=notes))
             except _Unresolvable:
                 values = None
         if values is not None and action_name not in ("store_true", "store_false", "BooleanOptionalAction"):
             for option in options:
                 self.choices[option] = values
+                if "extendable" in notes:
+                    self.extendable.add(option)
         if many:
             self.multi_value.update(options)
 
@@ -520,8 +532,14 @@ class _Reader:
                 return self.find_class(ast.Name(name), other, depth + 1)
         return None
 
-    def resolve(self, expr: ast.expr, mod: _Module, *, scope: ast.ClassDef | None, depth: int = 0) -> list:
-        """The values of a statically closed expression, or _Unresolvable."""
+    def resolve(
+        self, expr: ast.expr, mod: _Module, *, scope: ast.ClassDef | None, notes: set | None = None, depth: int = 0
+    ) -> list:
+        """The values of a statically known expression, or _Unresolvable.
+
+        A module constant that some module of the wheel mutates in place adds "extendable" to `notes`.
+        """
+        notes = notes if notes is not None else set()
         if depth > 12:
             raise _Unresolvable
         if isinstance(expr, ast.Constant):
@@ -529,35 +547,33 @@ class _Reader:
         if isinstance(expr, (ast.List, ast.Tuple, ast.Set)):
             out: list = []
             for elt in expr.elts:
-                if isinstance(elt, ast.Starred):
-                    out += self.resolve(elt.value, mod, scope=scope, depth=depth + 1)
-                else:
-                    out += self.resolve(elt, mod, scope=scope, depth=depth + 1)
+                value = elt.value if isinstance(elt, ast.Starred) else elt
+                out += self.resolve(value, mod, scope=scope, notes=notes, depth=depth + 1)
             return sorted(out, key=str) if isinstance(expr, ast.Set) else out
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
-            left = self.resolve(expr.left, mod, scope=scope, depth=depth + 1)
-            return left + self.resolve(expr.right, mod, scope=scope, depth=depth + 1)
+            left = self.resolve(expr.left, mod, scope=scope, notes=notes, depth=depth + 1)
+            return left + self.resolve(expr.right, mod, scope=scope, notes=notes, depth=depth + 1)
         if isinstance(expr, ast.Name):
             if scope is not None:
                 value = _class_constant(scope, expr.id)
                 if value is not None:
-                    return self.resolve(value, mod, scope=scope, depth=depth + 1)
+                    return self.resolve(value, mod, scope=scope, notes=notes, depth=depth + 1)
             if expr.id in mod.constants:
                 if self._is_mutated(expr.id, mod):
-                    raise _Unresolvable
-                return self.resolve(mod.constants[expr.id], mod, scope=None, depth=depth + 1)
+                    notes.add("extendable")
+                return self.resolve(mod.constants[expr.id], mod, scope=None, notes=notes, depth=depth + 1)
             if expr.id in mod.imports:
                 source, name = mod.imports[expr.id]
                 other = self.module(source)
                 if other is not None:
-                    return self.resolve(ast.Name(name), other, scope=None, depth=depth + 1)
+                    return self.resolve(ast.Name(name), other, scope=None, notes=notes, depth=depth + 1)
             raise _Unresolvable
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
             found = self.find_class(expr.value, mod)
             if found is not None:
                 value = _class_constant(found[0], expr.attr)
                 if value is not None:
-                    return self.resolve(value, found[1], scope=found[0], depth=depth + 1)
+                    return self.resolve(value, found[1], scope=found[0], notes=notes, depth=depth + 1)
         raise _Unresolvable
 
     def _is_mutated(self, name: str, mod: _Module) -> bool:

@@ -140,7 +140,7 @@ class Store:
             )
 
     def finish(self, run_id: str, cell_id: str, **values: Any) -> None:
-        self.update(run_id, cell_id, status="finished", finished_at=now(), server_pid=None, **values)
+        self.update(run_id, cell_id, status="finished", finished_at=now(), **values)
 
     def record(self, **values: Any) -> None:
         """A cell decided without running anything (skipped, unresolvable, predicted-fail only)."""

@@ -43,6 +43,8 @@ class FakeBehavior:
     fail_every: int = 0
     # Every Nth request is cut off after a few chunks (the connection closes mid-stream).
     drop_every: int = 0
+    # Chat only: the first N content chunks go in delta.reasoning_content, as behind sglang's reasoning parser.
+    reasoning_chunks: int = 0
     # Put the request's arrival count in the text, so that two identical requests get different answers.
     vary_text: bool = False
     # Request fields answered with 422, like transformers serve does for fields it does not know.
@@ -77,13 +79,15 @@ def _prompt_of(body: dict[str, Any]) -> str:
     return str(body.get("prompt", ""))
 
 
-def _chunk(api: str, *, text: str | None = None, finish: str | None = None, role: bool = False) -> dict:
+def _chunk(
+    api: str, *, text: str | None = None, finish: str | None = None, role: bool = False, reasoning: bool = False
+) -> dict:
     if api == "chat":
         delta: dict[str, Any] = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
-            delta["content"] = text
+            delta["reasoning_content" if reasoning else "content"] = text
         choice: dict[str, Any] = {"index": 0, "delta": delta}
         obj = "chat.completion.chunk"
     else:
@@ -139,6 +143,8 @@ async def _stream(
             if include_usage and b.usage == "final_chunk":
                 obj["usage"] = usage
             writer.write(_sse(obj))
+        elif api == "chat" and i < b.reasoning_chunks:
+            writer.write(_sse(_chunk(api, text=word * k, reasoning=True)))
         else:
             writer.write(content)
         sent += k

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,6 +151,7 @@ def transformers_serve(
             proc.wait()
         except ProcessLookupError:
             pass
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _sha256(path: Path) -> str:

@@ -166,6 +166,15 @@ def test_latencies_are_measured_from_content_chunks(fake):
     assert run.e2e.p50 >= run.ttft.p50 + 4 * 0.009
 
 
+def test_reasoning_deltas_count_for_latencies(fake):
+    fake.set_behavior(FakeBehavior(reasoning_chunks=3, first_token_delay_s=0.05))
+    w = _workload(concurrency=(1,), prompts_per_concurrency=1, warmup=0, repeats=1, output_len=6)
+    run = run_workload_sync(fake.base_url, "m", w).levels[0].runs[0]
+    assert run.completed == 1 and run.completion_tokens == 6
+    assert run.itl.count == 5  # 3 reasoning + 3 content chunks
+    assert run.ttft.p50 >= 0.05
+
+
 def test_spread_and_median_across_repeats(fake):
     w = _workload(concurrency=(1, 2), repeats=3)
     report = run_workload_sync(fake.base_url, "m", w)

@@ -150,7 +150,9 @@ class RequestResult:
 def _chunk_text(choice: dict[str, Any], api: str) -> str | None:
     if api == "chat":
         delta = choice.get("delta") or {}
-        return delta.get("content")
+        # Reasoning models behind a reasoning parser (sglang, vLLM) stream their thinking tokens in a separate
+        # field; they are generated tokens all the same, so they count for TTFT and ITL.
+        return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
     return choice.get("text")
 
 

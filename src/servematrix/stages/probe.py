@@ -1,0 +1,500 @@
+"""Probe stage: CPU pre-flight checks that can end a cell before it costs GPU time.
+
+Two checks, both answered without a GPU:
+
+- the flag check: every flag of the cell's server argv must be accepted by that sglang release, and
+  every value must be among its declared choices (`servematrix.flagsurface`, read from the wheel);
+- the trace probe: a piecewise cell traces the forward with dynamo (`torch.compile(fullgraph=True)`).
+  If the FP4 quantize entry point that this sglang reaches on this arch does not trace under the cell's
+  (torch, flashinfer), the GPU run would die with `torch._dynamo.exc.Unsupported`. `probe_script.py`
+  runs in a small venv holding only that torch and flashinfer-python, and reports.
+
+Which entry point each sglang release reaches per arch, where flashinfer keeps it, and whether a
+release's piecewise mode uses dynamo at all is data (`data/probe.toml`), not code.
+
+Probe venvs are built once per (torch, flashinfer) under the cache folder, and each probe result is
+cached per (torch, flashinfer, entry, arch), so a matrix pays for each pair once. The installer is uv by
+default (`SERVEMATRIX_PROBE_INSTALLER=uv|pip`); uv fetches the default index's CUDA build of torch,
+which runs on a CPU, and hardlinks it from its cache into later venvs. `SERVEMATRIX_PROBE_PYTHON`
+chooses the venv's interpreter (default: the one running servematrix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from servematrix import flagsurface
+
+__all__ = [
+    "ENTRIES",
+    "FlagCheck",
+    "ProbeResult",
+    "entry_point_for",
+    "flag_check",
+    "flashinfer_has",
+    "fp4_entry_rule",
+    "fp4_module_for",
+    "piecewise_traces_with_dynamo",
+    "probe_cell",
+    "trace_probe",
+]
+
+ENTRIES = ("plain", "custom-op", "sglang-op")
+NO_ENTRY = "none"
+INSTALLER_ENV = "SERVEMATRIX_PROBE_INSTALLER"
+PYTHON_ENV = "SERVEMATRIX_PROBE_PYTHON"
+RESULT_SCHEMA = 1
+_READY = ".servematrix-probe-env.json"
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_TAIL_LINES = 12
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryRule:
+    sglang: SpecifierSet
+    archs: tuple[str, ...]
+    entry: str
+    source: str = ""
+    flashinfer: SpecifierSet | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Data:
+    packages: tuple[str, ...]
+    assume_cuda: str
+    install_timeout_s: float
+    probe_timeout_s: float
+    modules: tuple[tuple[SpecifierSet, str], ...]
+    features: dict[str, SpecifierSet]
+    entries: tuple[EntryRule, ...]
+    piecewise: tuple[tuple[SpecifierSet, dict], ...]
+
+
+def _spec(text: str, where: str) -> SpecifierSet:
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier as exc:
+        raise ValueError(f"data/probe.toml: {where}: bad version range {text!r}") from exc
+
+
+@functools.cache
+def _data() -> _Data:
+    raw = tomllib.loads(resources.files("servematrix.data").joinpath("probe.toml").read_text())
+    probe = raw["probe"]
+    entries = []
+    for i, row in enumerate(raw.get("fp4_entry", [])):
+        if row["entry"] not in (*ENTRIES, NO_ENTRY):
+            raise ValueError(f"data/probe.toml: fp4_entry[{i}]: unknown entry {row['entry']!r}")
+        entries.append(
+            EntryRule(
+                sglang=_spec(row["sglang"], f"fp4_entry[{i}].sglang"),
+                archs=tuple(_normalize_arch(a) for a in row["arch"]),
+                entry=row["entry"],
+                source=row.get("source", ""),
+                flashinfer=_spec(row["flashinfer"], f"fp4_entry[{i}].flashinfer") if "flashinfer" in row else None,
+            )
+        )
+    return _Data(
+        packages=tuple(probe["packages"]),
+        assume_cuda=str(probe.get("assume_cuda", "")),
+        install_timeout_s=float(probe.get("install_timeout_s", 1800)),
+        probe_timeout_s=float(probe.get("probe_timeout_s", 300)),
+        modules=tuple(
+            (_spec(row["flashinfer"], f"flashinfer_module[{i}]"), row["module"])
+            for i, row in enumerate(raw.get("flashinfer_module", []))
+        ),
+        features={k: _spec(v, f"flashinfer_features.{k}") for k, v in raw.get("flashinfer_features", {}).items()},
+        entries=tuple(entries),
+        piecewise=tuple(
+            (_spec(row["sglang"], f"piecewise[{i}]"), row) for i, row in enumerate(raw.get("piecewise", []))
+        ),
+    )
+
+
+def _normalize_arch(arch: str | int) -> str:
+    """'sm_120', 'sm120a', '12.0', 120 -> '120'."""
+    text = str(arch).strip().lower().removeprefix("sm_").removeprefix("sm")
+    if re.fullmatch(r"\d+\.\d+", text):
+        major, minor = text.split(".")
+        text = f"{major}{minor}"
+    text = text.rstrip("af")
+    if not text.isdigit():
+        raise ValueError(f"not a GPU arch: {arch!r}")
+    return text
+
+
+def _version(text: str) -> Version:
+    try:
+        return Version(text)
+    except InvalidVersion as exc:
+        raise ValueError(f"not a version: {text!r}") from exc
+
+
+def _contains(spec: SpecifierSet, version: Version) -> bool:
+    return spec.contains(version, prereleases=True)
+
+
+def fp4_entry_rule(sglang_version: str, arch: str, flashinfer_version: str | None = None) -> EntryRule | None:
+    """The data row deciding which FP4 entry this sglang reaches on this arch (first match), or None."""
+    version, arch = _version(sglang_version), _normalize_arch(arch)
+    fi = _version(flashinfer_version) if flashinfer_version else None
+    for rule in _data().entries:
+        if arch not in rule.archs or not _contains(rule.sglang, version):
+            continue
+        if rule.flashinfer is not None and (fi is None or not _contains(rule.flashinfer, fi)):
+            continue
+        return rule
+    return None
+
+
+def entry_point_for(sglang_version: str, arch: str, flashinfer_version: str) -> str | None:
+    """The probe entry ('plain', 'sglang-op', 'custom-op') this cell's traced forward reaches.
+
+    None when the traced forward makes no flashinfer FP4 quantize call on this arch, and when the data
+    does not cover this version (`fp4_entry_rule` tells the two apart).
+    """
+    rule = fp4_entry_rule(sglang_version, arch, flashinfer_version)
+    return None if rule is None or rule.entry == NO_ENTRY else rule.entry
+
+
+def fp4_module_for(flashinfer_version: str) -> str | None:
+    """The module holding get_fp4_quantization_module in this flashinfer, or None (the probe tries both)."""
+    version = _version(flashinfer_version)
+    return next((module for spec, module in _data().modules if _contains(spec, version)), None)
+
+
+def flashinfer_has(feature: str, flashinfer_version: str) -> bool:
+    """A flashinfer feature listed in data/probe.toml: 'custom_op', 'backend_kwarg'."""
+    spec = _data().features.get(feature)
+    if spec is None:
+        raise KeyError(f"unknown flashinfer feature {feature!r}; known: {sorted(_data().features)}")
+    return _contains(spec, _version(flashinfer_version))
+
+
+def piecewise_traces_with_dynamo(sglang_version: str, *, default: bool = False) -> bool | None:
+    """Whether this release's piecewise mode (or, with `default`, its default prefill path) uses dynamo.
+
+    None when piecewise CUDA graphs are not applicable to the release, or the data does not cover it.
+    """
+    version = _version(sglang_version)
+    for spec, row in _data().piecewise:
+        if _contains(spec, version):
+            if not row.get("applicable", True):
+                return None
+            return bool(row.get("default_dynamo" if default else "dynamo"))
+    return None
+
+
+# ----------------------------------------------------------------------------------------- flag check
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlagCheck:
+    sglang: str
+    unknown: tuple[str, ...]
+    invalid: tuple[tuple[str, str], ...]  # (flag, value) outside the flag's declared choices
+    deprecated: tuple[str, ...]  # accepted, with a warning
+
+    @property
+    def ok(self) -> bool:
+        return not self.unknown and not self.invalid
+
+    @property
+    def evidence(self) -> str:
+        parts = []
+        if self.unknown:
+            parts.append(f"sglang {self.sglang} does not accept: {' '.join(self.unknown)}")
+        for flag, value in self.invalid:
+            parts.append(f"sglang {self.sglang}: {flag} {value!r} is not among its choices")
+        return "; ".join(parts)
+
+
+def flag_check(
+    *, sglang_version: str, argv: Sequence[str], cache_dir: Path, include_extendable: bool = True
+) -> FlagCheck:
+    """Check a server argv against the flag surface of this sglang release (from its wheel).
+
+    Choice lists that plugins may extend are checked too by default: a stock install has no plugins.
+    """
+    surface = flagsurface.flag_surface(sglang_version, cache_dir=cache_dir)
+    choices = dict(surface.choices) if include_extendable else surface.closed_choices()
+    used = [flagsurface.canonical_flag(t.split("=", 1)[0], surface.flags) for t in argv if t.startswith("--")]
+    return FlagCheck(
+        sglang=sglang_version,
+        unknown=tuple(flagsurface.unknown_flags(argv, surface.flags)),
+        invalid=tuple(
+            flagsurface.invalid_choices(argv, choices, multi_value=surface.multi_value, accepted=surface.flags)
+        ),
+        deprecated=tuple(dict.fromkeys(f for f in used if f and f in surface.deprecated)),
+    )
+
+
+# ---------------------------------------------------------------------------------------- trace probe
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeResult:
+    """What the trace probe found. `traceable` is None when the probe could not decide (see `error`).
+
+    `torch` and `flashinfer` are the versions the probe venv reported (e.g. 2.13.0+cpu). `seconds` is
+    the wall time of the call that ran the probe (venv build included); a cached result keeps it.
+    """
+
+    traceable: bool | None
+    entry: str
+    torch: str
+    flashinfer: str
+    arch: str
+    evidence: str
+    seconds: float
+    cached: bool
+    error: str
+
+
+def probe_cell(
+    *, sglang_version: str, torch_version: str, flashinfer_version: str, arch: str, cache_dir: Path
+) -> ProbeResult | None:
+    """Trace-probe a piecewise cell, or None when there is nothing to probe (no dynamo, no FP4 entry)."""
+    if not piecewise_traces_with_dynamo(sglang_version):
+        return None
+    entry = entry_point_for(sglang_version, arch, flashinfer_version)
+    if entry is None:
+        return None
+    return trace_probe(
+        torch_version=torch_version, flashinfer_version=flashinfer_version, entry=entry, arch=arch, cache_dir=cache_dir
+    )
+
+
+def trace_probe(
+    *, torch_version: str, flashinfer_version: str, entry: str, arch: str, cache_dir: Path
+) -> ProbeResult:
+    """Does `entry` trace under torch.compile(fullgraph=True) with this torch and flashinfer?"""
+    if entry not in ENTRIES:
+        raise ValueError(f"unknown probe entry {entry!r}; expected one of {ENTRIES}")
+    arch = _normalize_arch(arch)
+    for name, value in (("torch", torch_version), ("flashinfer", flashinfer_version)):
+        if not _SAFE.match(value):
+            raise ValueError(f"unusable {name} version {value!r}")
+    root = Path(cache_dir) / "probe"
+    result_path = root / "results" / f"torch-{torch_version}__flashinfer-{flashinfer_version}__{entry}__sm{arch}.json"
+    cached = _read_result(result_path)
+    if cached is not None:
+        return cached
+
+    started = time.monotonic()
+
+    def finish(**fields) -> ProbeResult:
+        base = dict(
+            traceable=None, entry=entry, torch=torch_version, flashinfer=flashinfer_version, arch=arch,
+            evidence="", error="", cached=False,
+        )  # fmt: skip
+        base.update(fields)
+        return ProbeResult(seconds=round(time.monotonic() - started, 2), **base)
+
+    data = _data()
+    env_dir = root / "venvs" / f"torch-{torch_version}__flashinfer-{flashinfer_version}"
+    try:
+        python = _ensure_env(env_dir, torch_version=torch_version, flashinfer_version=flashinfer_version, data=data)
+    except _EnvError as exc:
+        return finish(error=str(exc))
+
+    argv = ["--entry", entry, "--arch", arch, "--assume-cuda", data.assume_cuda]
+    module = fp4_module_for(flashinfer_version) if entry == "plain" else None
+    if module:
+        argv += ["--module", module]
+    with resources.as_file(resources.files("servematrix").joinpath("probe_script.py")) as script:
+        run = _run([str(python), str(script), *argv], timeout_s=data.probe_timeout_s, env=_probe_env(env_dir))
+    report = _last_json_line(run.stdout)
+    if report is None:
+        return finish(error=f"the probe script printed no report (exit {run.returncode}): {_tail(run.stderr)}")
+
+    result = finish(
+        traceable=report.get("traceable"),
+        torch=report.get("torch") or torch_version,
+        flashinfer=report.get("flashinfer") or flashinfer_version,
+        evidence=_evidence(report),
+        error="" if report.get("traceable") is not None else _error(report),
+    )
+    # Decided results are facts about the pair; an absent op is too. Anything else may be transient.
+    if result.traceable is not None or str(report.get("error_type", "")).endswith("LookupError"):
+        _write_result(result_path, result, report)
+    return result
+
+
+def _evidence(report: dict) -> str:
+    if report.get("traceable") is True:
+        graph = ", ".join(report.get("graph") or []) or "(empty)"
+        text = f"traced under torch.compile(fullgraph=True); graph calls: {graph}"
+        if report.get("accepts_backend_kwarg") is False:
+            text += (
+                f"; note: flashinfer {report.get('flashinfer')} fp4_quantize() has no backend= parameter, which "
+                "sglang >= 0.5.12's wrapper passes: expect TypeError at the first FP4 call (run time, not trace)"
+            )
+        return text
+    if report.get("traceable") is False:
+        where = f" (in {report['module']})" if report.get("module") else ""
+        return f"{report.get('error_type')}{where}: {report.get('message', '')}".strip()
+    return ""
+
+
+def _error(report: dict) -> str:
+    return f"{report.get('error_type') or 'inconclusive'}: {report.get('message', '')}".strip()
+
+
+# ------------------------------------------------------------------------------------ result cache
+
+
+def _read_result(path: Path) -> ProbeResult | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("schema") != RESULT_SCHEMA:
+        return None
+    try:
+        return ProbeResult(**{**data["result"], "cached": True})
+    except (KeyError, TypeError):
+        return None
+
+
+def _write_result(path: Path, result: ProbeResult, report: dict) -> None:
+    payload = {"schema": RESULT_SCHEMA, "result": asdict(result), "report": report}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------- venvs
+
+
+class _EnvError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _installer() -> str:
+    value = os.environ.get(INSTALLER_ENV, "uv").strip().lower() or "uv"
+    if value not in ("uv", "pip"):
+        raise ValueError(f"{INSTALLER_ENV} must be 'uv' or 'pip', not {value!r}")
+    return value
+
+
+def _base_python() -> str:
+    return os.environ.get(PYTHON_ENV) or sys.executable
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One builder per venv, across processes (parallel shards share the cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, data: _Data) -> Path:
+    python = env_dir / "bin" / "python"
+    packages = [p.format(torch=torch_version, flashinfer=flashinfer_version) for p in data.packages]
+    marker = env_dir / _READY
+    with _locked(env_dir.with_name(env_dir.name + ".lock")):
+        if marker.is_file() and python.exists():
+            return python
+        shutil.rmtree(env_dir, ignore_errors=True)
+        installer = _installer()
+        if installer == "uv":
+            uv = shutil.which("uv")
+            if uv is None:
+                raise _EnvError(f"uv not found; install it or set {INSTALLER_ENV}=pip")
+            steps = [
+                [uv, "venv", "--quiet", "--python", _base_python(), str(env_dir)],
+                [uv, "pip", "install", "--quiet", "--python", str(python), *packages],
+            ]
+        else:
+            steps = [
+                [_base_python(), "-m", "venv", str(env_dir)],
+                [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input", *packages],
+            ]
+        for step in steps:
+            run = _run(step, timeout_s=data.install_timeout_s, env=_install_env())
+            if run.returncode != 0:
+                shutil.rmtree(env_dir, ignore_errors=True)
+                raise _EnvError(f"probe venv: `{' '.join(step[:4])} ...` failed: {_tail(run.stderr or run.stdout)}")
+        marker.write_text(json.dumps({"installer": installer, "packages": packages}, indent=1) + "\n")
+    return python
+
+
+def _install_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["UV_PYTHON_DOWNLOADS"] = "never"  # a probe venv uses an interpreter that is already here
+    env["NO_COLOR"] = "1"
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def _probe_env(env_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONNOUSERSITE"] = "1"
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the probe never needs a GPU, even on a GPU host
+    env["PYTHONWARNINGS"] = "ignore"
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(env_dir / ".inductor-cache")
+    return env
+
+
+def _run(argv: list[str], *, timeout_s: float, env: dict[str, str]) -> _Run:
+    try:
+        proc = subprocess.run(
+            argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return _Run(124, "", f"timed out after {timeout_s:g} s: {argv[0]}")
+    except OSError as exc:
+        return _Run(126, "", f"could not run {argv[0]}: {exc}")
+    return _Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _last_json_line(stdout: str) -> dict | None:
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return "\n".join(lines[-_TAIL_LINES:])

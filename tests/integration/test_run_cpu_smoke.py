@@ -1,0 +1,58 @@
+"""The whole pipeline for real on the CPU: uv lock, uv venv, `transformers serve`, the benchmark client,
+SQLite, the table. Slow: the first run downloads torch into uv's cache."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from servematrix.cli import main
+from servematrix.report.markdown import tok_s
+from servematrix.store import Store
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_cpu_smoke_runs_every_cell_and_writes_the_table(smoke_project, test_cache, capsys):
+    args = [
+        "run", "matrix/cpu-smoke.toml", "--workdir", str(test_cache / "work"), "--store", "results.sqlite",
+        "--report", "compatibility.md",
+    ]
+    assert main(args) == 0
+    with Store(smoke_project / "results.sqlite") as store:
+        rows = store.all_rows()
+    assert len(rows) == 4
+    assert {r["verdict"] for r in rows} == {"pass"}, [(r["cell_id"], r["verdict"], r["excerpt"]) for r in rows]
+    for row in rows:
+        assert row["lock_hash"] and row["lock_file"]
+        assert row["host"]["cpu"]
+        assert row["argv"][1] == "serve"
+        assert str(row["metrics"]["completion_tokens"]) and row["metrics"]["error_count"] == 0
+        # No server outlives its cell.
+        assert row["server_pid"] and not _alive(row["server_pid"])
+    # Continuous batching against static, both measured by the same client at 16 streams.
+    for version in ("5.5.4", "5.24.0"):
+        static, cb = (
+            next(r for r in rows if r["axes"]["transformers"] == version and r["mode"] == mode)
+            for mode in ("static", "continuous-batching")
+        )
+        assert tok_s(cb)[16] > tok_s(static)[16], (version, tok_s(static), tok_s(cb))
+    table = (smoke_project / "compatibility.md").read_text()
+    assert "| 5.24.0 | 2.9.1 | cpu | ✅ `pass`" in table
+    assert "continuous-batching / static" in table and "×** @16" in table
+    assert "servematrix run matrix/cpu-smoke.toml --select id=" in table
+    assert (smoke_project / "matrix" / "locks").is_dir()
+
+    # A second run of the same command runs nothing.
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "0 cell(s) run, 4 unchanged" in capsys.readouterr().err
+    with Store(smoke_project / "results.sqlite") as store:
+        assert len(store.all_rows()) == 4
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
