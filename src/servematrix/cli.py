@@ -279,7 +279,9 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from servematrix.models import ModelBuildError, ensure_model
 
     try:
-        built = ensure_model(args.dir, builder="tiny-llama", engine=load_engine("transformers"), python=[args.python])
+        built = ensure_model(
+            args.dir, builder="tiny-llama", engine=load_engine("transformers"), python=lambda _visible: [args.python]
+        )
     except ModelBuildError as exc:
         print(f"servematrix: {exc}", file=sys.stderr)
         return 1

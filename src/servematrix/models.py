@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servematrix.engines import Engine
@@ -31,7 +31,9 @@ def builder_script(engine: Engine, builder: str) -> Path:
     return Path(found.origin)
 
 
-def ensure_model(path: Path, *, builder: str, engine: Engine, python: Sequence[str], timeout_s: float = 600) -> Path:
+def ensure_model(
+    path: Path, *, builder: str, engine: Engine, python: Callable[[tuple[Path, ...]], Sequence[str]], timeout_s: float = 600
+) -> Path:
     """Build the model at `path` unless it is already built from the same inputs; return its absolute path."""
     from servematrix import tinymodel
 

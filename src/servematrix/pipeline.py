@@ -25,7 +25,7 @@ from rich.table import Table
 
 from servematrix import hostinfo, verdict
 from servematrix.backends import Backend, Built
-from servematrix.cells import Cell, Environment, content_hash
+from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, ensure_model
 from servematrix.plan import Plan
@@ -270,19 +270,20 @@ class _Runner:
         spec = self.plan.spec
         assert state.built is not None
         try:
-            model = self._model(state)
+            model_dir = self._model_dir(state)
         except ModelBuildError as exc:
             self._record(cell, state, verdict.error("model-build", excerpt=str(exc)))
             return
+        model = self.backend.model_location(model_dir) if model_dir else spec.file.model.path
         run_id = self.options.run_id
         log_path = self.options.workdir / "logs" / run_id / f"{cell.id}.log"
         port = serve.free_port()
-        argv = build_argv(self.plan, cell, model=model, port=port)
+        argv = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
         workdir = self.options.workdir.resolve()
         env_vars = {k: v.format(workdir=workdir) for k, v in cell.server_env.items()}
         for directory in spec.engine.prepare.directories:
             Path(directory.format(workdir=workdir)).mkdir(parents=True, exist_ok=True)
-        launch = self.backend.launch(state.built, argv, env_vars, port)
+        launch = self.backend.launch(state.built, argv, env_vars, port, model_dir=model_dir)
         timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
         self.store.start(
             **{**self._base_row(cell, state), "argv": list(argv)}, log_path=str(log_path), harness_pid=os.getpid()
@@ -363,19 +364,18 @@ class _Runner:
             return verdict.failed("bench-errors", excerpt=f"{errors} request(s) failed"), metrics
         return verdict.passed(), metrics
 
-    def _model(self, state: _EnvState) -> str:
-        """The model argument: a built tiny model's absolute path, or the matrix's model id as written."""
+    def _model_dir(self, state: _EnvState) -> Path | None:
+        """A model servematrix builds (``model.build``), built once with the environment's interpreter."""
         model = self.plan.spec.file.model
         if not model.build:
-            return model.path
-        assert state.built is not None
-        return str(
-            ensure_model(
-                Path(model.path),
-                builder=model.build,
-                engine=self.plan.spec.engine,
-                python=self.backend.python(state.built),
-            )
+            return None
+        built = state.built
+        assert built is not None
+        return ensure_model(
+            Path(model.path),
+            builder=model.build,
+            engine=self.plan.spec.engine,
+            python=lambda visible: self.backend.python(built, visible=visible),
         )
 
     def _print_summary(self) -> None:
@@ -394,8 +394,7 @@ class _Runner:
         self.console.print(table)
 
 
-def build_argv(plan: Plan, cell: Cell, *, model: str, port: int) -> tuple[str, ...]:
-    from servematrix.cells import server_command
-
+def build_argv(plan: Plan, cell: Cell, *, model: str, port: int, host: str) -> tuple[str, ...]:
+    """The cell's planned argv, with the run's real model location, port and bind address."""
     flags = plan.spec.engine.mode_flags_for(cell.mode, cell.env.version)
-    return server_command(plan.spec, cell.env, flags.args, port=port, model=model)
+    return server_command(plan.spec, cell.env, flags.args, port=port, model=model, host=host)

@@ -44,11 +44,21 @@ class LaunchSpec:
 
 class Backend(Protocol):
     name: str
+    # The address the server binds inside its environment: loopback for a venv, all interfaces inside a
+    # container (the port is published on the host's loopback only).
+    bind_host: str
 
     def build(self, request: BuildInput, log_path: Path) -> Built: ...
 
-    def launch(self, built: Built, argv: tuple[str, ...], env: Mapping[str, str], port: int) -> LaunchSpec: ...
+    def model_location(self, model_dir: Path) -> str:
+        """Where the server sees a local model directory (mounted read-only in a container)."""
+        ...
 
-    def python(self, built: Built) -> tuple[str, ...]:
-        """How to run a Python script inside the environment (e.g. the tiny-model builder)."""
+    def launch(
+        self, built: Built, argv: tuple[str, ...], env: Mapping[str, str], port: int, *, model_dir: Path | None
+    ) -> LaunchSpec: ...
+
+    def python(self, built: Built, *, visible: tuple[Path, ...] = ()) -> tuple[str, ...]:
+        """How to run a Python script inside the environment (e.g. the tiny-model builder); `visible` host
+        directories must be readable and writable at the same paths."""
         ...

@@ -28,6 +28,7 @@ def uv_env() -> dict[str, str]:
 
 class VenvBackend:
     name = "venv"
+    bind_host = "127.0.0.1"
 
     def __init__(self, root: Path, uv: str = "uv") -> None:
         self.root = root
@@ -101,7 +102,12 @@ class VenvBackend:
             seconds=time.monotonic() - started,
         )
 
-    def launch(self, built: Built, argv: tuple[str, ...], env: Mapping[str, str], port: int) -> LaunchSpec:
+    def model_location(self, model_dir: Path) -> str:
+        return str(model_dir)
+
+    def launch(
+        self, built: Built, argv: tuple[str, ...], env: Mapping[str, str], port: int, *, model_dir: Path | None
+    ) -> LaunchSpec:
         assert built.prefix is not None
         bin_dir = built.prefix / "bin"
         program = bin_dir / argv[0]
@@ -109,7 +115,7 @@ class VenvBackend:
         environ = {**os.environ, **env, "VIRTUAL_ENV": str(built.prefix), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
         return LaunchSpec(argv=resolved, env=environ, owns_listener=True)
 
-    def python(self, built: Built) -> tuple[str, ...]:
+    def python(self, built: Built, *, visible: tuple[Path, ...] = ()) -> tuple[str, ...]:
         assert built.prefix is not None
         return (str(built.prefix / "bin" / "python"),)
 
