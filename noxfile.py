@@ -22,7 +22,14 @@ os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 def matrix(session: nox.Session) -> None:
     """Run a matrix: nox -s matrix -- [MATRIX] [--select EXPR]... [--stages ...] (see servematrix run --help)."""
     session.install(".")
-    session.run("servematrix", "plan", *session.posargs)
+    session.run("servematrix", "run", *session.posargs)
+
+
+@nox.session
+def lock(session: nox.Session) -> None:
+    """Resolve a lock per environment: nox -s lock -- [MATRIX] [--select EXPR]... [--format json]."""
+    session.install(".")
+    session.run("servematrix", "lock", *session.posargs)
 
 
 @nox.session

@@ -256,7 +256,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from servematrix.locking import lock_plan
+    from servematrix.locking import lock_plan, print_lock_table
     from servematrix.plan import make_plan
 
     plan = make_plan(args.matrix, args.select, args.shard)
@@ -264,13 +264,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([o.to_contract() for o in outcomes], indent=2))
     else:
-        for o in outcomes:
-            pins = ", ".join(
-                f"{k}=={v}"
-                for k, v in sorted(o.pins.items())
-                if k in ("sglang", "torch", "flashinfer-python", "transformers")
-            )
-            print(f"{o.env_id}  {o.status:<12} {pins or o.reason.splitlines()[-1] if o.reason else pins}")
+        print_lock_table(plan, outcomes)
     return 0
 
 

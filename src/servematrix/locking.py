@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from servematrix.plan import Plan
 from servematrix.stages import build
 from servematrix.stages.resolve import ResolveOutcome, ResolveRequest, resolve
@@ -28,6 +31,29 @@ def resolve_request(plan: Plan, env_id: str) -> ResolveRequest:
 
 def default_lock_dir(plan: Plan) -> Path:
     return plan.spec.path.parent / "locks"
+
+
+def print_lock_table(plan: Plan, outcomes: list[ResolveOutcome], console: Console | None = None) -> None:
+    table = Table(title=f"locks for {plan.spec.path}")
+    for column in ("env", *plan.spec.axis_names, "status", "pins / why"):
+        table.add_column(column, overflow="fold")
+    main = {"sglang", "transformers", "torch", "flashinfer-python"}
+    for outcome in outcomes:
+        axes = [str(outcome.axes.get(a, "")) for a in plan.spec.axis_names]
+        if outcome.status == "resolved":
+            detail = ", ".join(f"{k} {v}" for k, v in sorted(outcome.pins.items()) if k in main)
+            detail += "".join(f"  [yellow]crosses {k} pin {v['release_pin']}[/]" for k, v in outcome.crossed.items())
+        else:
+            detail = _first_cause(outcome.reason)
+        colour = {"resolved": "green", "unresolvable": "red"}.get(outcome.status, "yellow")
+        table.add_row(outcome.env_id, *axes, f"[{colour}]{outcome.status}[/]", detail)
+    (console or Console()).print(table)
+
+
+def _first_cause(reason: str) -> str:
+    """The resolver's first 'Because ...' line says which packages collide; the rest is the chain."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith("Because")), lines[-1] if lines else "")
 
 
 def lock_plan(plan: Plan, out_dir: Path | None = None) -> list[ResolveOutcome]:

@@ -1,0 +1,212 @@
+"""The CPU pre-flight checks against the real things: sglang wheels from the package index, and real
+torch + flashinfer-python venvs traced by dynamo.
+
+These pin down the facts in shared/domain.md ("The piecewise CUDA graph flags change with the sglang
+version", "The FP4 / dynamo failure"): if a release or the index changes them, these tests say so.
+
+The trace probe's venvs are kept between runs (they take a minute or two to build) in
+$SERVEMATRIX_TEST_CACHE, default ~/.cache/servematrix/test-probe; its results are cleared first so the
+probe really runs. The installer is $SERVEMATRIX_PROBE_INSTALLER, default pip here: on this machine pip
+takes a CPU build of torch from local disk, which is what "a CPU build of torch" below means; uv fetches
+the index's CUDA build, which gives the same verdicts on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from servematrix import flagsurface
+from servematrix.stages import probe
+from servematrix.stages.probe import flag_check, trace_probe
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+VERSIONS = ("0.5.6", "0.5.9", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.17", "0.5.23")
+PIECEWISE_FLAGS = (
+    "--enable-piecewise-cuda-graph",
+    "--enforce-piecewise-cuda-graph",
+    "--disable-piecewise-cuda-graph",
+    "--piecewise-cuda-graph-compiler",
+    "--piecewise-cuda-graph-tokens",
+    "--piecewise-cuda-graph-max-tokens",
+)
+A = "accepted"
+D = "deprecated"
+X = "absent"
+
+# What each release's parser does with the piecewise flags, per the domain notes' table.
+EXPECTED_PIECEWISE = {
+    "0.5.6": (A, X, X, A, A, A),
+    "0.5.9": (A, X, X, A, A, A),
+    "0.5.10": (D, A, A, A, A, A),
+    "0.5.12": (D, A, A, A, A, A),
+    "0.5.13": (D, A, A, A, A, A),
+    "0.5.14": (X, D, D, D, D, D),  # --enable-... removed; the rest become deprecated aliases
+    "0.5.17": (X, D, D, D, D, D),
+    "0.5.23": (X, X, X, X, X, X),  # the aliases are gone from 0.5.20
+}
+
+
+@pytest.fixture(scope="module")
+def wheel_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sglang-wheels")
+
+
+@pytest.fixture(scope="module")
+def surfaces(wheel_cache) -> dict[str, flagsurface.FlagSurface]:
+    return {v: flagsurface.flag_surface(v, cache_dir=wheel_cache) for v in VERSIONS}
+
+
+def state(surface: flagsurface.FlagSurface, flag: str) -> str:
+    if flag not in surface.flags:
+        return X
+    return D if flag in surface.deprecated else A
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_piecewise_flags_per_release(surfaces, version):
+    surface = surfaces[version]
+    assert tuple(state(surface, f) for f in PIECEWISE_FLAGS) == EXPECTED_PIECEWISE[version]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cuda_graph_backend_prefill_from_0_5_14(surfaces, version):
+    surface = surfaces[version]
+    if version in ("0.5.14", "0.5.17"):
+        assert "tc_piecewise" in surface.choices["--cuda-graph-backend-prefill"]
+        assert "disabled" in surface.choices["--cuda-graph-backend-prefill"]
+    elif version == "0.5.23":
+        assert surface.choices["--cuda-graph-backend-prefill"] == ("full", "breakable", "disabled")
+        bad = flagsurface.invalid_choices(["--cuda-graph-backend-prefill", "tc_piecewise"], surface.choices)
+        assert bad == [("--cuda-graph-backend-prefill", "tc_piecewise")]
+    else:
+        assert "--cuda-graph-backend-prefill" not in surface.flags
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_dsa_replaces_nsa_backend_flags_from_0_5_13(surfaces, version):
+    surface = surfaces[version]
+    older = version in ("0.5.6", "0.5.9", "0.5.10", "0.5.12")
+    assert state(surface, "--dsa-decode-backend") == (X if older else A)
+    expected_nsa = A if older else (X if version == "0.5.23" else D)
+    assert state(surface, "--nsa-decode-backend") == expected_nsa
+
+
+def test_piecewise_compiler_choices(surfaces):
+    for version in ("0.5.6", "0.5.9", "0.5.14"):
+        assert surfaces[version].choices["--piecewise-cuda-graph-compiler"] == ("eager", "inductor")
+
+
+def glm5_b200_argv(version: str) -> list[str]:
+    attention = "dsa" if version not in ("0.5.9", "0.5.10", "0.5.12") else "nsa"
+    return [
+        "python", "-m", "sglang.launch_server", "--model-path", "nvidia/GLM-5-NVFP4", "--tp", "4",
+        "--trust-remote-code", "--quantization", "modelopt_fp4", "--kv-cache-dtype", "fp8_e4m3",
+        "--moe-runner-backend", "flashinfer_trtllm", f"--{attention}-decode-backend", "trtllm",
+        f"--{attention}-prefill-backend", "trtllm", "--mem-fraction-static", "0.9",
+        "--chunked-prefill-size", "32768",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.17", "0.5.23"])
+def test_glm5_cookbook_argv_is_accepted(surfaces, wheel_cache, version):
+    check = flag_check(sglang_version=version, argv=glm5_b200_argv(version), cache_dir=wheel_cache)
+    assert check.ok, check.evidence
+
+
+def test_a_piecewise_argv_for_the_wrong_release_is_caught(wheel_cache):
+    on_0_5_9 = ["--model-path", "m", "--enable-piecewise-cuda-graph"]
+    assert flag_check(sglang_version="0.5.9", argv=on_0_5_9, cache_dir=wheel_cache).ok
+    moved = flag_check(sglang_version="0.5.14", argv=on_0_5_9, cache_dir=wheel_cache)
+    assert moved.unknown == ("--enable-piecewise-cuda-graph",)
+    removed = flag_check(
+        sglang_version="0.5.23", argv=["--cuda-graph-backend-prefill", "tc_piecewise"], cache_dir=wheel_cache
+    )
+    assert removed.invalid == (("--cuda-graph-backend-prefill", "tc_piecewise"),)
+
+
+def test_flag_surface_is_cached_per_version(wheel_cache, surfaces):
+    assert (wheel_cache / "flagsurface" / "sglang-0.5.23.json").is_file()
+    started = time.monotonic()
+    assert flagsurface.accepted_flags("0.5.23", cache_dir=wheel_cache) == surfaces["0.5.23"].flags
+    assert time.monotonic() - started < 1.0
+
+
+# ---------------------------------------------------------------------------------------- trace probe
+
+TORCH = "2.13.0"
+
+
+@pytest.fixture(scope="module")
+def probe_cache() -> Path:
+    root = Path(os.environ.get("SERVEMATRIX_TEST_CACHE") or Path.home() / ".cache" / "servematrix" / "test-probe")
+    shutil.rmtree(root / "probe" / "results", ignore_errors=True)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def installer(monkeypatch):
+    installer = os.environ.get(probe.INSTALLER_ENV) or "pip"
+    if installer == "uv" and shutil.which("uv") is None:
+        pytest.skip("uv is not on PATH")
+    monkeypatch.setenv(probe.INSTALLER_ENV, installer)
+    return installer
+
+
+def timed_probe(cache: Path, flashinfer: str, entry: str, arch: str) -> probe.ProbeResult:
+    reused = (cache / "probe" / "venvs" / f"torch-{TORCH}__flashinfer-{flashinfer}" / probe._READY).is_file()
+    result = trace_probe(torch_version=TORCH, flashinfer_version=flashinfer, entry=entry, arch=arch, cache_dir=cache)
+    print(f"\nprobe torch {result.torch} flashinfer {flashinfer} {entry} sm_{arch}: {result.seconds:.1f} s "
+          f"({'venv reused' if reused else 'venv built'}) traceable={result.traceable}")  # fmt: skip
+    if reused:
+        assert result.seconds < 60
+    return result
+
+
+@pytest.mark.parametrize("arch", ["120", "100"])
+def test_flashinfer_0_6_3_plain_getter_is_untraceable(probe_cache, arch):
+    result = timed_probe(probe_cache, "0.6.3", "plain", arch)
+    assert result.traceable is False, result.error
+    assert "Attempted to call function marked as skipped" in result.evidence
+    assert "_thread.allocate_lock" in result.evidence
+    assert "flashinfer.fp4_quantization" in result.evidence  # the pre-0.6.7 module path
+    assert not result.cached
+
+
+def test_flashinfer_0_6_3_has_no_custom_op(probe_cache):
+    result = timed_probe(probe_cache, "0.6.3", "custom-op", "120")
+    assert result.traceable is None
+    assert "torch.ops.flashinfer.fp4_quantize is not registered" in result.error
+
+
+def test_sglang_wrapper_traces_with_flashinfer_0_6_3_but_notes_the_backend_kwarg(probe_cache):
+    result = timed_probe(probe_cache, "0.6.3", "sglang-op", "120")
+    assert result.traceable is True, result.error
+    assert "backend=" in result.evidence
+
+
+def test_flashinfer_0_6_12_custom_op_traces(probe_cache):
+    result = timed_probe(probe_cache, "0.6.12", "custom-op", "120")
+    assert result.traceable is True, result.error
+    assert "flashinfer.fp4_quantize" in result.evidence
+
+
+def test_flashinfer_0_6_12_plain_getter_is_still_untraceable(probe_cache):
+    # sm_120 takes the sm_120f branch, which reads torch.version.cuda first (see assume_cuda).
+    result = timed_probe(probe_cache, "0.6.12", "plain", "120")
+    assert result.traceable is False, result.error
+    assert "Attempted to call function marked as skipped" in result.evidence
+    assert "flashinfer.quantization.fp4_quantization" in result.evidence
+
+
+def test_a_second_probe_is_served_from_the_cache(probe_cache):
+    first = timed_probe(probe_cache, "0.6.12", "custom-op", "100")
+    started = time.monotonic()
+    again = trace_probe(torch_version=TORCH, flashinfer_version="0.6.12", entry="custom-op", arch="100", cache_dir=probe_cache)
+    assert again.cached and again.traceable is first.traceable
+    assert time.monotonic() - started < 1.0
