@@ -1,0 +1,256 @@
+"""SVG plots of a matrix's results (matplotlib, Agg): throughput against concurrency, and the speedup heatmap.
+
+The SVGs are deterministic for the same rows (fixed hash salt, no date), so a re-render that changed
+nothing changes no file in the docs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib.colors import TwoSlopeNorm
+from packaging.version import InvalidVersion, Version
+
+from servematrix.engines import load_engine
+from servematrix.report.markdown import speedup
+from servematrix.report.regressions import spreads
+from servematrix.store import Row
+
+# The heatmap's second axis per engine: the one whose choice decides the second mode's fate (for sglang the
+# flashinfer version, not torch). Engines not listed use their second version axis.
+HEATMAP_AXIS = {"sglang": "flashinfer"}
+MODE_STYLES = ("-", "--", ":", "-.")
+STATUS_COLORS = {"fail": "#f4c7c3", "n/a": "#eeeeee", "none": "#ffffff"}
+STYLE = {
+    "svg.hashsalt": "servematrix",
+    "svg.fonttype": "none",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plot:
+    matrix: str
+    kind: str  # throughput | speedup
+    title: str
+    path: Path
+
+
+def version_key(value: str) -> tuple[int, Version | str]:
+    """`pinned` first, then versions in order, then anything else by name."""
+    if value == "pinned":
+        return (0, "")
+    try:
+        return (1, Version(value))
+    except InvalidVersion:
+        return (2, value)
+
+
+def matrix_slug(matrix: str) -> str:
+    return Path(matrix).stem or "matrix"
+
+
+def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
+    """Every plot for every matrix in `rows`, written under `out_dir`; matrices with nothing to draw get none."""
+    by_matrix: dict[str, list[Row]] = {}
+    for row in rows:
+        by_matrix.setdefault(row["matrix"], []).append(row)
+    plots: list[Plot] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with plt.rc_context(STYLE):
+        for matrix, group in by_matrix.items():
+            for plot in (throughput_plot(matrix, group, out_dir), speedup_heatmap(matrix, group, out_dir)):
+                if plot is not None:
+                    plots.append(plot)
+    return plots
+
+
+def _env_label(cells: dict[str, Row], varying: Sequence[str]) -> str:
+    axes = next(iter(cells.values()))["axes"]
+    return " · ".join(f"{a} {axes[a]}" for a in varying) or "all"
+
+
+def _environments(rows: Sequence[Row], axes: Sequence[str]) -> tuple[dict[str, dict[str, Row]], list[str]]:
+    envs: dict[str, dict[str, Row]] = {}
+    for row in rows:
+        envs.setdefault(row["env_id"], {})[row["mode"]] = row
+    varying = [a for a in axes if len({str(r["axes"].get(a)) for r in rows}) > 1] or list(axes[:1])
+    ordered = dict(
+        sorted(
+            envs.items(),
+            key=lambda item: [version_key(str(next(iter(item[1].values()))["axes"].get(a))) for a in axes],
+        )
+    )
+    return ordered, varying
+
+
+def throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
+    """One panel per environment that measured anything; one line per mode (median, min–max bars)."""
+    engine = load_engine(rows[0]["engine"])
+    modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
+    envs, varying = _environments(rows, [*engine.axes, "gpu"])
+    measured = {
+        env: cells
+        for env, cells in envs.items()
+        if any(r["verdict"] == "pass" and spreads(r.get("metrics")) for r in cells.values())
+    }
+    if not measured:
+        return None
+    cols = min(4, len(measured))
+    nrows = -(-len(measured) // cols)
+    fig, axes_grid = plt.subplots(
+        nrows, cols, figsize=(3.2 * cols + 0.4, 2.6 * nrows + 0.8), squeeze=False, layout="constrained"
+    )
+    for ax in axes_grid.flat[len(measured) :]:
+        ax.set_visible(False)
+    colors = plt.get_cmap("tab10")
+    for ax, (_env, cells) in zip(axes_grid.flat, measured.items(), strict=False):
+        for index, mode in enumerate(modes):
+            row = cells.get(mode)
+            data = spreads(row.get("metrics")) if row is not None and row["verdict"] == "pass" else {}
+            if not data:
+                continue
+            xs = sorted(data)
+            med = [data[c]["median"] for c in xs]
+            low = [data[c]["median"] - data[c]["min"] for c in xs]
+            high = [data[c]["max"] - data[c]["median"] for c in xs]
+            ax.errorbar(
+                xs,
+                med,
+                yerr=[low, high],
+                label=mode,
+                color=colors(index),
+                linestyle=MODE_STYLES[index % len(MODE_STYLES)],
+                marker="o",
+                markersize=4,
+                capsize=3,
+            )
+        concurrencies = sorted({c for r in cells.values() for c in spreads(r.get("metrics"))})
+        if len(concurrencies) > 1 and concurrencies[-1] / max(concurrencies[0], 1) >= 4:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.set_title(_env_label(cells, varying), fontsize=8)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tok/s")
+        ax.grid(alpha=0.3)
+    handles, labels = [], []
+    for ax in axes_grid.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False)
+    title = f"{matrix_slug(matrix)}: output tok/s against concurrency"
+    fig.suptitle(f"{title}\n(median of repeats; bars: min–max)", fontsize=10)
+    path = out_dir / f"{matrix_slug(matrix)}-throughput.svg"
+    _save(fig, path)
+    return Plot(matrix=matrix, kind="throughput", title=title, path=path)
+
+
+@dataclass(frozen=True)
+class _HeatCell:
+    value: float | None
+    label: str
+    status: str  # value | fail | n/a | none
+
+
+def _heat_cell(pairs: list[tuple[Row | None, Row | None]], second_mode: str) -> _HeatCell:
+    ratios = [r[0] for first, second in pairs if (r := speedup(first, second)) is not None]
+    if ratios:
+        value = statistics.median(ratios)
+        suffix = f"\n(n={len(ratios)})" if len(ratios) > 1 else ""
+        return _HeatCell(value, f"{value:.2f}×{suffix}", "value")
+    second_kinds = {str(s["verdict"]).partition(":")[0] for _f, s in pairs if s is not None}
+    if second_kinds & {"fail", "predicted-fail", "unresolvable"}:
+        return _HeatCell(None, f"{second_mode}\nfails", "fail")
+    if second_kinds:
+        return _HeatCell(None, "n/a", "n/a")
+    return _HeatCell(None, "—", "none")
+
+
+def speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
+    """Second mode over first (the table's speedup) over (engine version) × (second axis), one panel per GPU.
+
+    A square holding several environments (other axes vary) shows their median and n. Squares with no
+    speedup say why: the second mode failed, was not applicable, or the combination was not run."""
+    engine = load_engine(rows[0]["engine"])
+    modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
+    if len(modes) < 2 or len(engine.axes) < 2:
+        return None
+    first_mode, second_mode = modes[0], modes[1]
+    x_axis = engine.version_axis
+    y_axis = HEATMAP_AXIS.get(engine.name, engine.axes[1])
+    envs: dict[str, dict[str, Row]] = {}
+    for row in rows:
+        envs.setdefault(row["env_id"], {})[row["mode"]] = row
+    gpus = sorted({str(r["axes"].get("gpu")) for r in rows})
+    xs = sorted({str(r["axes"][x_axis]) for r in rows}, key=version_key)
+    ys = sorted({str(r["axes"][y_axis]) for r in rows}, key=version_key)
+    grid: dict[tuple[str, str, str], list[tuple[Row | None, Row | None]]] = {}
+    for cells in envs.values():
+        axes = next(iter(cells.values()))["axes"]
+        key = (str(axes.get("gpu")), str(axes[x_axis]), str(axes[y_axis]))
+        grid.setdefault(key, []).append((cells.get(first_mode), cells.get(second_mode)))
+    heat = {key: _heat_cell(pairs, second_mode) for key, pairs in grid.items()}
+    values = [c.value for c in heat.values() if c.value is not None]
+    low, high = min([*values, 0.9]), max([*values, 1.1])
+    norm = TwoSlopeNorm(vmin=min(low, 0.99), vcenter=1.0, vmax=max(high, 1.01))
+    cmap = plt.get_cmap("RdYlGn")
+    width = max(4.0, 0.9 * len(xs) + 2.2) * len(gpus)
+    fig, axes_row = plt.subplots(
+        1, len(gpus), figsize=(width, max(2.4, 0.55 * len(ys) + 1.6)), squeeze=False, layout="constrained"
+    )
+    image = None
+    for ax, gpu in zip(axes_row.flat, gpus, strict=True):
+        data = [[heat.get((gpu, x, y), _HeatCell(None, "—", "none")) for x in xs] for y in ys]
+        numbers = [[c.value if c.value is not None else float("nan") for c in line] for line in data]
+        image = ax.imshow(numbers, cmap=cmap, norm=norm, aspect="auto")
+        for yi, line in enumerate(data):
+            for xi, cell in enumerate(line):
+                if cell.status != "value":
+                    ax.add_patch(
+                        plt.Rectangle(
+                            (xi - 0.5, yi - 0.5),
+                            1,
+                            1,
+                            facecolor=STATUS_COLORS[cell.status],
+                            edgecolor="#999999",
+                            hatch="//" if cell.status == "fail" else None,
+                            linewidth=0.5,
+                        )
+                    )
+                dark = cell.value is not None and not 0.2 < norm(cell.value) < 0.8
+                ax.text(xi, yi, cell.label, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+        ax.set_xticks(range(len(xs)), xs, rotation=45 if len(xs) > 6 else 0, ha="right" if len(xs) > 6 else "center")
+        ax.set_yticks(range(len(ys)), ys)
+        ax.set_xlabel(x_axis)
+        ax.set_ylabel(y_axis)
+        ax.set_title(f"gpu {gpu}", fontsize=9)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+    if image is not None and values:
+        fig.colorbar(image, ax=list(axes_row.flat), label=f"{second_mode} / {first_mode}", shrink=0.8)
+    title = f"{matrix_slug(matrix)}: {second_mode} / {first_mode} speedup"
+    fig.suptitle(f"{title}\n(output tok/s at the highest concurrency both measured)", fontsize=10)
+    path = out_dir / f"{matrix_slug(matrix)}-speedup.svg"
+    _save(fig, path)
+    return Plot(matrix=matrix, kind="speedup", title=title, path=path)
+
+
+def _save(fig: plt.Figure, path: Path) -> None:
+    tmp = path.with_suffix(".tmp.svg")
+    fig.savefig(tmp, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    tmp.replace(path)

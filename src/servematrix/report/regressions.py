@@ -1,0 +1,285 @@
+"""The published results as JSON, and regressions of a new run against them.
+
+`export_results` turns store rows into the published record (`docs/results/latest.json`): every field the
+report shows, nothing local to the machine that ran it (pids, log paths), argv paths made relative to the
+project. The report can be rendered again from that file alone (`published_rows`), so the docs build
+needs no store.
+
+`detect_regressions` compares a run with that record, cell by cell (cell ids are stable across runs and
+machines). Two things count:
+
+- a verdict that flips from `pass` to a failure (`fail:*`, `unresolvable`, `predicted-fail:*`);
+- a drop of output tok/s at a concurrency both runs measured, beyond the noise the repeats measured: the new
+  best repeat is below the old worst one by more than `margin`, or the median fell by more than the larger
+  of the relative spread (max - min) / median of either run and `min_drop`.
+
+A cell whose verdict says nothing about the stack (error, interrupted, skipped) is not compared. The
+comparison is kept in the export (`previous`), so rendering the same results twice flags the same cells:
+when the record already holds this very run of a cell, the cell is compared with what that run was
+compared with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servematrix.store import Row
+
+SCHEMA = 1
+MIN_DROP = 0.10
+MARGIN = 0.10
+FAILED_KINDS = frozenset({"fail", "unresolvable", "predicted-fail"})
+# The row fields the published record keeps; pids, log paths and the run's status stay in the store.
+EXPORTED = (
+    "run_id",
+    "cell_id",
+    "env_id",
+    "engine",
+    "mode",
+    "matrix",
+    "axes",
+    "inputs_hash",
+    "verdict",
+    "excerpt",
+    "evidence",
+    "argv",
+    "lock_hash",
+    "lock_file",
+    "crossed_pins",
+    "image_digest",
+    "host",
+    "stages",
+    "started_at",
+    "finished_at",
+    "prediction",  # not a store column yet: kept when a row carries it
+)
+LEVEL_FIELDS = ("concurrency", "output_tok_s", "request_s", "completion_tokens", "error_count")
+METRIC_FIELDS = ("model", "duration_s", "completion_tokens", "error_count", "client")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Regression:
+    cell_id: str
+    matrix: str
+    mode: str
+    axes: Mapping[str, str]
+    kind: str  # verdict | throughput
+    before: str
+    after: str
+    concurrency: int | None = None
+    drop: float | None = None  # relative drop of the median (throughput only)
+    threshold: float | None = None  # the noise-derived threshold it exceeded
+    reason: str = ""
+
+    def __str__(self) -> str:
+        where = " ".join(f"{k}={v}" for k, v in self.axes.items())
+        return f"regression {self.cell_id} ({where} mode={self.mode}): {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cell_id": self.cell_id,
+            "matrix": self.matrix,
+            "mode": self.mode,
+            "axes": dict(self.axes),
+            "kind": self.kind,
+            "before": self.before,
+            "after": self.after,
+            "concurrency": self.concurrency,
+            "drop": self.drop,
+            "threshold": self.threshold,
+            "reason": self.reason,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ export
+
+
+def export_results(
+    rows: Sequence[Row], *, previous: Mapping[str, Any] | None = None, root: Path | None = None
+) -> dict[str, Any]:
+    """The published record of `rows`. `previous` is the record these rows were compared with, so that the
+    comparison survives a re-render; `root` is the directory argv paths are made relative to (default: cwd)."""
+    base = Path(os.path.abspath(root or Path.cwd()))
+    cells: dict[str, Any] = {}
+    for row in sorted(rows, key=lambda r: (r["matrix"], r["env_id"], r["mode"])):
+        entry = {key: row.get(key) for key in EXPORTED if key != "prediction" or row.get(key) is not None}
+        entry["argv"] = portable_argv(row.get("argv") or [], base)
+        entry["metrics"] = _trim_metrics(row.get("metrics"))
+        reference = _reference(row, previous)
+        entry["previous"] = _summary(reference) if reference else None
+        cells[row["cell_id"]] = entry
+    return {"schema": SCHEMA, "cells": cells}
+
+
+def write_export(export: Mapping[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(export, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load_export(path: Path) -> dict[str, Any] | None:
+    """The published record at `path`, or None when there is none yet. A malformed file is an error."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("cells"), dict):
+        raise ValueError(f"{path}: not a servematrix results export (schema {SCHEMA})")
+    return data
+
+
+def published_rows(export: Mapping[str, Any]) -> list[Row]:
+    """Rows to render the report from when there is no store: the published record itself."""
+    rows = []
+    for entry in export["cells"].values():
+        values = {k: v for k, v in entry.items() if k != "previous"}
+        values.setdefault("status", "finished")
+        rows.append(Row(values=values))
+    return sorted(rows, key=lambda r: (r["env_id"], r["mode"]))
+
+
+def portable_argv(argv: Iterable[str], root: Path) -> list[str]:
+    """argv with absolute paths under `root` made relative, so a published command names no host path."""
+    out = []
+    for arg in argv:
+        text = str(arg)
+        if os.path.isabs(text):
+            # Not resolved: a symlinked model directory is named as the run named it.
+            with contextlib.suppress(ValueError):
+                text = Path(os.path.normpath(text)).relative_to(root).as_posix()
+        out.append(text)
+    return out
+
+
+def _trim_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not metrics:
+        return None
+    trimmed: dict[str, Any] = {k: metrics[k] for k in METRIC_FIELDS if k in metrics}
+    trimmed["workload"] = metrics.get("workload")
+    trimmed["levels"] = [
+        {
+            **{k: level.get(k) for k in LEVEL_FIELDS},
+            "runs": [
+                {"repeat": run.get("repeat"), "output_tok_s": run.get("output_tok_s")} for run in level.get("runs", [])
+            ],
+        }
+        for level in metrics.get("levels", [])
+    ]
+    return trimmed
+
+
+def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What a comparison needs of a published cell: its run, verdict and throughput spreads."""
+    if "tok_s" in entry:  # already a summary (carried over from an earlier render)
+        return dict(entry)
+    return {
+        "run_id": entry.get("run_id"),
+        "finished_at": entry.get("finished_at"),
+        "verdict": entry.get("verdict"),
+        "tok_s": {str(c): s for c, s in spreads(entry.get("metrics")).items()},
+    }
+
+
+# ------------------------------------------------------------------------------------------- comparison
+
+
+def spreads(metrics: Mapping[str, Any] | None) -> dict[int, dict[str, float]]:
+    """Output tok/s {min, median, max} over the repeats, per concurrency level that produced tokens."""
+    out: dict[int, dict[str, float]] = {}
+    for level in (metrics or {}).get("levels", []):
+        spread = level.get("output_tok_s") or {}
+        if level.get("completion_tokens") and all(
+            isinstance(spread.get(k), int | float) for k in ("min", "median", "max")
+        ):
+            out[int(level["concurrency"])] = {k: float(spread[k]) for k in ("min", "median", "max")}
+    return out
+
+
+def _reference(row: Row, previous: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The published result this row is compared with: the published cell, or, when the record already holds
+    this very run, what that run was compared with."""
+    if not previous:
+        return None
+    entry = previous.get("cells", {}).get(row["cell_id"])
+    if entry is None:
+        return None
+    if entry.get("run_id") == row.get("run_id"):
+        return entry.get("previous")
+    return entry
+
+
+def _reference_spreads(reference: Mapping[str, Any]) -> dict[int, dict[str, float]]:
+    if "tok_s" in reference:  # a comparison summary
+        return {int(c): s for c, s in reference["tok_s"].items()}
+    return spreads(reference.get("metrics"))
+
+
+def _kind(verdict: str | None) -> str:
+    return (verdict or "").partition(":")[0]
+
+
+def _noise(spread: Mapping[str, float]) -> float:
+    return (spread["max"] - spread["min"]) / spread["median"] if spread["median"] > 0 else 0.0
+
+
+def detect_regressions(
+    current_rows: Sequence[Row],
+    previous_export: Mapping[str, Any] | None,
+    *,
+    min_drop: float = MIN_DROP,
+    margin: float = MARGIN,
+) -> list[Regression]:
+    found: list[Regression] = []
+    for row in current_rows:
+        reference = _reference(row, previous_export)
+        if reference is None:
+            continue
+        before, after = str(reference.get("verdict") or ""), str(row["verdict"] or "")
+        common = {
+            "cell_id": row["cell_id"],
+            "matrix": row["matrix"],
+            "mode": row["mode"],
+            "axes": dict(row["axes"]),
+        }
+        if _kind(before) == "pass" and _kind(after) in FAILED_KINDS:
+            found.append(
+                Regression(**common, kind="verdict", before=before, after=after, reason=f"verdict {before} -> {after}")
+            )
+            continue
+        if _kind(before) != "pass" or _kind(after) != "pass":
+            continue
+        old, new = _reference_spreads(reference), spreads(row.get("metrics"))
+        for concurrency in sorted(set(old) & set(new)):
+            a, b = old[concurrency], new[concurrency]
+            if a["median"] <= 0:
+                continue
+            drop = 1 - b["median"] / a["median"]
+            threshold = max(_noise(a), _noise(b), min_drop)
+            apart = b["max"] < a["min"] * (1 - margin)
+            if drop > threshold or apart:
+                why = (
+                    f"output tok/s @{concurrency} {a['median']:,.1f} -> {b['median']:,.1f} "
+                    f"(-{drop:.0%}; noise threshold {threshold:.0%}"
+                    + (f"; new max {b['max']:,.1f} < old min {a['min']:,.1f} - {margin:.0%}" if apart else "")
+                    + ")"
+                )
+                found.append(
+                    Regression(
+                        **common,
+                        kind="throughput",
+                        before=f"{a['median']:.1f}",
+                        after=f"{b['median']:.1f}",
+                        concurrency=concurrency,
+                        drop=round(drop, 4),
+                        threshold=round(threshold, 4),
+                        reason=why,
+                    )
+                )
+    return found

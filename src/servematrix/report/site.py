@@ -1,0 +1,374 @@
+"""The whole published report: the markdown table, the static HTML page, the SVG plots, one page per failure
+class, and the JSON record of the results that the next run is compared with.
+
+    build_report(rows, Path("docs"), baseline=Path("docs/results/latest.json"))
+
+The HTML page is one self-contained file (inline CSS and JS, plots as data URIs), so it works opened from
+disk with no server and no network. Its table sorts by any column and filters by axis, mode and verdict;
+the filters are also read from the page's query string (`compatibility.html?mode=piecewise&verdict=fail`),
+so a filtered view can be linked. Failure classes are explained in the page itself; the docs site has a
+page per class (`failures/<class>.md`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from servematrix.classify import Signature, load_signatures
+from servematrix.engines import available_engines, load_engine
+from servematrix.report import markdown
+from servematrix.report.markdown import Extras, failure_class, reproduce, speedup, tok_s
+from servematrix.report.plots import Plot, version_key, write_plots
+from servematrix.report.regressions import (
+    Regression,
+    detect_regressions,
+    export_results,
+    load_export,
+    portable_argv,
+    spreads,
+    write_export,
+)
+from servematrix.store import Row
+
+MARKDOWN_NAME = "compatibility.md"
+HTML_NAME = "compatibility.html"
+RESULTS_PATH = Path("results") / "latest.json"
+FAILURES_DIR = "failures"
+# Verdict kinds in the order the filter offers them; each has a badge style in site.css.
+VERDICT_KINDS = ("pass", "fail", "predicted-fail", "unresolvable", "skipped", "error", "interrupted")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportResult:
+    markdown: Path
+    html: Path
+    plots: tuple[Path, ...]
+    failure_pages: tuple[Path, ...]
+    results: Path  # the JSON record written for the next comparison
+    regressions: tuple[Regression, ...]
+    baseline: Path | None  # the record compared with, if there was one
+
+
+def build_report(
+    rows: Sequence[Row],
+    out_dir: Path,
+    *,
+    baseline: Path | None,
+    results: Path | None = None,
+    title: str = "Compatibility",
+) -> ReportResult:
+    """Write the report for `rows` under `out_dir`, comparing with the published record at `baseline`.
+
+    `results` is where the new record goes (default `out_dir/results/latest.json`). It may be the baseline
+    itself: the baseline is read first, and the record keeps what each cell was compared with, so building
+    the same report twice flags the same regressions."""
+    previous = load_export(baseline) if baseline is not None else None
+    regressions = tuple(detect_regressions(rows, previous))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(rows, out_dir / "plots")
+    classes = failure_classes(rows)
+    failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR)
+    shown_baseline = _shown(baseline, out_dir) if previous is not None else None
+    extras = Extras(
+        failure_pages={cls: f"{FAILURES_DIR}/{_page_name(cls)}" for cls in classes},
+        regressions=regressions,
+        plots={
+            matrix: [(p.title, p.path.relative_to(out_dir).as_posix()) for p in plots if p.matrix == matrix]
+            for matrix in {p.matrix for p in plots}
+        },
+        html=HTML_NAME,
+        baseline=shown_baseline,
+    )
+    md_path = markdown.write(rows, out_dir / MARKDOWN_NAME, title, extras)
+    html_path = _write_text(
+        out_dir / HTML_NAME,
+        render_html(rows, title=title, plots=plots, regressions=regressions, baseline=shown_baseline),
+    )
+    results_path = write_export(export_results(rows, previous=previous), results or out_dir / RESULTS_PATH)
+    return ReportResult(
+        markdown=md_path,
+        html=html_path,
+        plots=tuple(p.path for p in plots),
+        failure_pages=tuple(failure_pages),
+        results=results_path,
+        regressions=regressions,
+        baseline=baseline if previous is not None else None,
+    )
+
+
+def _shown(path: Path, out_dir: Path) -> str:
+    try:
+        return path.resolve().relative_to(out_dir.resolve()).as_posix()
+    except ValueError:
+        return path.name
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("servematrix.report", "templates"),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html",), default_for_string=False),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["tojson_attr"] = lambda value: json.dumps(value, sort_keys=True)
+    return env
+
+
+def _asset(name: str) -> str:
+    return (resources.files("servematrix.report") / "templates" / name).read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------ failure pages
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailureClass:
+    id: str
+    # engine -> its signature of this class; empty for a class the harness assigns without signature data
+    signatures: Mapping[str, Signature]
+
+    @property
+    def title(self) -> str:
+        titles = list(dict.fromkeys(s.title for s in self.signatures.values()))
+        return " / ".join(titles) if titles else "Assigned by the harness (no signature data)"
+
+
+def failure_classes(rows: Sequence[Row] = ()) -> dict[str, FailureClass]:
+    """Every class in the signature data of every engine, and every class a row failed with."""
+    found: dict[str, dict[str, Signature]] = {}
+    for engine in available_engines():
+        try:
+            signatures = load_signatures(engine)
+        except Exception:  # an engine without signature data has no classes to show
+            continue
+        for signature in signatures:
+            found.setdefault(signature.id, {})[engine] = signature
+    for row in rows:
+        cls = failure_class(str(row["verdict"]))
+        if cls:
+            found.setdefault(cls, {})
+    return {cls: FailureClass(id=cls, signatures=found[cls]) for cls in sorted(found)}
+
+
+def _page_name(cls: str) -> str:
+    return f"{cls}.md"
+
+
+def write_failure_pages(classes: Mapping[str, FailureClass], rows: Sequence[Row], out_dir: Path) -> list[Path]:
+    """`<class>.md` for every class (explanation and workaround from the signature data, then the cells that
+    failed with it) and `index.md`. Pages of classes that no longer exist are removed."""
+    env = _environment()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_class: dict[str, list[Row]] = {}
+    for row in rows:
+        cls = failure_class(str(row["verdict"]))
+        if cls:
+            by_class.setdefault(cls, []).append(row)
+    written = []
+    page = env.get_template("failure.md.j2")
+    for cls in classes.values():
+        cells = [_failure_cell(row) for row in sorted(by_class.get(cls.id, []), key=_row_order)]
+        written.append(_write_text(out_dir / _page_name(cls.id), page.render(cls=cls, cells=cells, html=HTML_NAME)))
+    index = env.get_template("failures-index.md.j2").render(
+        classes=list(classes.values()), counts={cls: len(rows) for cls, rows in by_class.items()}
+    )
+    written.append(_write_text(out_dir / "index.md", index))
+    keep = {p.name for p in written}
+    for stale in out_dir.glob("*.md"):
+        if stale.name not in keep:
+            stale.unlink()
+    return written
+
+
+def _failure_cell(row: Row) -> dict[str, Any]:
+    excerpt = (row.get("excerpt") or "").strip()
+    return {
+        "id": row["cell_id"],
+        "matrix": row["matrix"],
+        "axes": " ".join(f"{k}={v}" for k, v in row["axes"].items()),
+        "mode": row["mode"],
+        "verdict": row["verdict"],
+        "evidence": ", ".join(row.get("evidence") or []),
+        "line": excerpt.splitlines()[-1][:200].replace("`", "'") if excerpt else "",
+        "reproduce": reproduce(row),
+    }
+
+
+def _row_order(row: Row) -> tuple[Any, ...]:
+    return (row["matrix"], [version_key(str(v)) for v in row["axes"].values()], row["mode"])
+
+
+# -------------------------------------------------------------------------------------------------- HTML
+
+
+def render_html(
+    rows: Sequence[Row],
+    *,
+    title: str = "Compatibility",
+    plots: Sequence[Plot] = (),
+    regressions: Sequence[Regression] = (),
+    baseline: str | None = None,
+) -> str:
+    classes = failure_classes(rows)
+    used = sorted({c for r in rows if (c := failure_class(str(r["verdict"])))})
+    by_matrix: dict[str, list[Row]] = {}
+    for row in rows:
+        by_matrix.setdefault(row["matrix"], []).append(row)
+    sections = [
+        _matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions)
+        for matrix, group in by_matrix.items()
+    ]
+    counts = {kind: sum(1 for r in rows if _kind(r) == kind) for kind in VERDICT_KINDS}
+    return (
+        _environment()
+        .get_template("page.html.j2")
+        .render(
+            title=title,
+            sections=sections,
+            counts={k: v for k, v in counts.items() if v},
+            total=len(rows),
+            regressions=[{"text": str(r), **r.to_dict()} for r in regressions],
+            baseline=baseline,
+            classes=[classes[c] for c in used if c in classes],
+            provenance=markdown.provenance(list(rows)).strip() if rows else "",
+            css=_asset("site.css"),
+            js=_asset("site.js"),
+        )
+    )
+
+
+def _kind(row: Row) -> str:
+    return str(row["verdict"] or "").partition(":")[0]
+
+
+def prediction(row: Row) -> dict[str, str] | None:
+    """Predicted against observed, from what the row carries: a `prediction` field (a verdict string) when
+    the store has one, else a `predicted-fail:*` verdict. The observed outcome is a pass or fail verdict."""
+    predicted = row.get("prediction")
+    if not predicted and _kind(row) == "predicted-fail":
+        predicted = str(row["verdict"])
+    observed = str(row["verdict"]) if _kind(row) in ("pass", "fail") else None
+    if not predicted and not observed:
+        return None
+    if predicted and observed:
+        agrees = predicted.partition(":")[0].removeprefix("predicted-") == observed.partition(":")[0]
+        status = "confirmed" if agrees else "missed"
+    else:
+        status = "predicted" if predicted else "observed"
+    return {"predicted": predicted or "", "observed": observed or "", "status": status}
+
+
+def _matrix_view(matrix: str, rows: list[Row], plots: Sequence[Plot], regressions: Sequence[Regression]) -> dict:
+    engine = load_engine(rows[0]["engine"])
+    modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
+    axes = [*engine.axes, "gpu"]
+    concurrencies = sorted({c for r in rows for c in tok_s(r)})
+    envs: dict[str, dict[str, Row]] = {}
+    for row in rows:
+        envs.setdefault(row["env_id"], {})[row["mode"]] = row
+    cells = []
+    for row in sorted(
+        rows,
+        key=lambda r: (
+            [version_key(str(r["axes"].get(a))) for a in axes],
+            modes.index(r["mode"]) if r["mode"] in modes else 99,
+        ),
+    ):
+        cells.append(_cell_view(row, axes, concurrencies, modes, envs[row["env_id"]], regressions))
+    return {
+        "matrix": matrix,
+        "slug": Path(matrix).stem,
+        "engine": engine.name,
+        "axes": axes,
+        "axis_values": {a: sorted({str(r["axes"].get(a)) for r in rows}, key=version_key) for a in axes},
+        "modes": modes,
+        "verdicts": [k for k in VERDICT_KINDS if any(_kind(r) == k for r in rows)],
+        "concurrencies": concurrencies,
+        "second_mode": modes[1] if len(modes) > 1 else None,
+        "first_mode": modes[0] if modes else None,
+        "cells": cells,
+        "plots": [{"title": p.title, "kind": p.kind, "src": _data_uri(p.path)} for p in plots],
+    }
+
+
+def _cell_view(
+    row: Row,
+    axes: Sequence[str],
+    concurrencies: Sequence[int],
+    modes: Sequence[str],
+    env: Mapping[str, Row],
+    regressions: Sequence[Regression],
+) -> dict:
+    values = spreads(row.get("metrics"))
+    medians = tok_s(row)
+    ratio = None
+    if len(modes) > 1 and row["mode"] == modes[1]:
+        ratio = speedup(env.get(modes[0]), row)
+    mine = [r for r in regressions if r.cell_id == row["cell_id"]]
+    slower = {r.concurrency: r for r in mine if r.kind == "throughput"}
+    host = row.get("host") or {}
+    excerpt = (row.get("excerpt") or "").strip()
+    return {
+        "id": row["cell_id"],
+        "env_id": row["env_id"],
+        "axes": {a: str(row["axes"].get(a, "")) for a in axes},
+        "crossed": sorted(row.get("crossed_pins") or {}),
+        "mode": row["mode"],
+        "verdict": str(row["verdict"]),
+        "kind": _kind(row),
+        "cls": failure_class(str(row["verdict"])),
+        "evidence": list(row.get("evidence") or []),
+        "prediction": prediction(row),
+        "tok_s": [
+            {
+                "concurrency": c,
+                "median": medians.get(c),
+                "spread": values.get(c),
+                "regression": slower[c].reason if c in slower else None,
+            }
+            for c in concurrencies
+        ],
+        "speedup": {"ratio": ratio[0], "at": ratio[1]} if ratio else None,
+        "regressions": [str(r.reason) for r in mine],
+        "verdict_regression": next((r.reason for r in mine if r.kind == "verdict"), None),
+        "reproduce": reproduce(row),
+        "argv": shlex.join(portable_argv(row.get("argv") or [], Path.cwd())) if row.get("argv") else "",
+        "lock_hash": row.get("lock_hash") or "",
+        "lock_file": row.get("lock_file") or "",
+        "image_digest": row.get("image_digest") or "",
+        "host": {
+            "name": host.get("hostname") or "",
+            "cpu": host.get("cpu") or "",
+            "cpus": host.get("cpus") or "",
+            "os": host.get("os") or "",
+            "gpu": host.get("gpu_sku") or "",
+            "gpus": len(host.get("gpus") or []),
+            "driver": host.get("driver") or "",
+        },
+        "run_id": row.get("run_id") or "",
+        "finished_at": row.get("finished_at") or "",
+        "excerpt": excerpt if row["verdict"] != "pass" else "",
+    }
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/svg+xml;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
