@@ -1,0 +1,574 @@
+"""The Nix path's input: the matrices' locked environments as one JSON file (nix/envs.json) for flake.nix.
+
+A lock from the resolve stage holds `name==version` and the sha256 of every file of that release, but no
+URL, and Nix must know the exact file and its hash before it fetches anything (a fixed-output derivation).
+So the export asks uv once, at export time, for the files of exactly the locked set (`uv pip compile LOCK
+--no-deps --format pylock.toml` for the lock's Python and platform), picks the one wheel the target would
+install (the best-ranked compatible tag, as an installer would), and accepts it only if its sha256 is one
+the lock already lists: the lock stays the trust anchor, the index is only asked where a file lives.
+
+Committed files name no host. A wheel's URL is stored as (base name, path); the flake maps base names to URLs
+given by the user (nix/wheel-bases.json or SERVEMATRIX_WHEEL_BASES, see docs/nix.md). The one origin of an
+ordinary single-index export is called `default`; other origins must be named with `--wheel-base NAME=URL`.
+
+    python -m servematrix.nixexport [MATRIX...] [--out nix/envs.json] [--wheel-base NAME=URL]...
+    python -m servematrix.nixexport --check        # offline: is nix/envs.json in step with the locks?
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlsplit
+
+from packaging.markers import Marker
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from servematrix.errors import InputError
+
+__all__ = [
+    "DEFAULT_BASE",
+    "DEFAULT_OUT",
+    "FORMAT",
+    "ExportError",
+    "LockedEnvironment",
+    "Wheel",
+    "assign_bases",
+    "check",
+    "export",
+    "locked_environments",
+    "main",
+    "nix_system",
+    "parse_lock_body",
+    "render",
+    "select_wheels",
+    "target_tags",
+]
+
+FORMAT = 1
+DEFAULT_OUT = Path("nix/envs.json")
+DEFAULT_BASE = "default"
+_BASE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+
+# uv's --python-platform spelling -> (Nix system, wheel architecture).
+_ARCHES = {"x86_64": "x86_64-linux", "aarch64": "aarch64-linux"}
+_PLATFORM_RE = re.compile(r"^(?P<arch>x86_64|aarch64)-manylinux_(?P<major>\d+)_(?P<minor>\d+)$")
+# PEP 600 names for the older manylinux tags a wheel may still carry alone.
+_LEGACY_MANYLINUX = {(2, 17): "manylinux2014", (2, 12): "manylinux2010", (2, 5): "manylinux1"}
+
+
+class ExportError(RuntimeError):
+    """The export cannot produce a faithful environment; the message says which env and package."""
+
+
+# ------------------------------------------------------------------------------------------- the target
+
+
+def _platform_parts(platform: str) -> tuple[str, int, int]:
+    m = _PLATFORM_RE.match(platform)
+    if not m:
+        raise ExportError(
+            f"platform {platform!r}: the Nix path builds Linux images from manylinux wheels "
+            "(expected ARCH-manylinux_MAJOR_MINOR, e.g. x86_64-manylinux_2_34)"
+        )
+    return m["arch"], int(m["major"]), int(m["minor"])
+
+
+def nix_system(platform: str) -> str:
+    """`x86_64-manylinux_2_34` -> `x86_64-linux`."""
+    return _ARCHES[_platform_parts(platform)[0]]
+
+
+def target_tags(python_version: str, platform: str) -> list[Tag]:
+    """The tags a CPython `python_version` on `platform` installs, best first (an installer's order)."""
+    arch, major, minor = _platform_parts(platform)
+    platforms: list[str] = []
+    for glibc_minor in range(minor, 4, -1):
+        platforms.append(f"manylinux_{major}_{glibc_minor}_{arch}")
+        legacy = _LEGACY_MANYLINUX.get((major, glibc_minor))
+        if legacy and (arch == "x86_64" or legacy == "manylinux2014"):
+            platforms.append(f"{legacy}_{arch}")
+    try:
+        version = tuple(int(part) for part in python_version.split(".")[:2])
+    except ValueError:
+        raise ExportError(f"python version {python_version!r} is not MAJOR.MINOR") from None
+    if len(version) != 2:
+        raise ExportError(f"python version {python_version!r} is not MAJOR.MINOR")
+    interpreter = f"cp{version[0]}{version[1]}"
+    return [*cpython_tags(version, platforms=platforms), *compatible_tags(version, interpreter, platforms)]
+
+
+def _marker_environment(python_version: str, platform: str) -> dict[str, str]:
+    arch = _platform_parts(platform)[0]
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": f"{python_version}.0",
+        "os_name": "posix",
+        "platform_machine": arch,
+        "platform_python_implementation": "CPython",
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_full_version": f"{python_version}.0",
+        "python_version": python_version,
+        "sys_platform": "linux",
+    }
+
+
+# --------------------------------------------------------------------------------------------- the lock
+
+
+def parse_lock_body(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """`uv pip compile --generate-hashes` output -> {normalized name: (version, {sha256 hex})}."""
+    logical: list[str] = []
+    current = ""
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not line.strip():
+            if current:
+                logical.append(current)
+                current = ""
+            continue
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        current += line
+        logical.append(current)
+        current = ""
+    if current:
+        logical.append(current)
+    pins: dict[str, tuple[str, frozenset[str]]] = {}
+    for entry in logical:
+        m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)", entry)
+        if not m:
+            continue
+        hashes = frozenset(h.lower() for h in re.findall(r"--hash=sha256:([0-9a-fA-F]{64})", entry))
+        pins[canonicalize_name(m.group(1))] = (m.group(2), hashes)
+    return dict(sorted(pins.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockedEnvironment:
+    """An environment of a matrix whose lock exists and was made from the matrix's current inputs."""
+
+    env_id: str
+    matrices: tuple[str, ...]  # repo-relative posix paths
+    axes: Mapping[str, str]
+    python_version: str
+    platform: str
+    lockfile: Path
+    lock: str  # repo-relative posix path of the lock file
+    lock_sha256: str
+    inputs_hash: str
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return PurePosixPath(path.resolve().relative_to(root.resolve())).as_posix()
+    except ValueError:
+        # A host path in a committed file would leak the machine's layout and break on every other one.
+        raise ExportError(f"{path} is outside {root}: the export records repository-relative paths only") from None
+
+
+def locked_environments(
+    matrices: Sequence[Path], *, root: Path, lock_dir: Path | None = None
+) -> tuple[list[LockedEnvironment], dict[str, str]]:
+    """The environments of `matrices` that have a current lock, and {env_id: why not} for the others.
+
+    A lock counts only when its header's inputs hash is the one the matrix asks for now: a stale lock would
+    give an image of versions the matrix no longer describes.
+    """
+    from servematrix.locking import default_lock_dir, resolve_request
+    from servematrix.plan import make_plan
+    from servematrix.stages.resolve import inputs_hash, read_lock_header
+
+    found: dict[str, LockedEnvironment] = {}
+    skipped: dict[str, str] = {}
+    for matrix in matrices:
+        plan = make_plan(matrix)
+        matrix_rel = _relative(Path(matrix), root)
+        locks = lock_dir or default_lock_dir(plan)
+        for env_id in plan.environments:
+            request = resolve_request(plan, env_id)
+            lockfile = locks / f"{env_id}.lock.txt"
+            header = read_lock_header(lockfile)
+            if header is None:
+                skipped[env_id] = f"{matrix_rel}: no lock (unresolvable, or not locked yet)"
+                continue
+            wanted = inputs_hash(request)
+            if header.inputs_hash != wanted:
+                skipped[env_id] = f"{matrix_rel}: stale lock {lockfile.name} (run `servematrix lock {matrix_rel}`)"
+                continue
+            if env_id in found:
+                previous = found[env_id]
+                found[env_id] = LockedEnvironment(
+                    **{**previous.__dict__, "matrices": tuple(sorted({*previous.matrices, matrix_rel}))}
+                )
+                continue
+            found[env_id] = LockedEnvironment(
+                env_id=env_id,
+                matrices=(matrix_rel,),
+                axes=dict(sorted(request.axes.items())),
+                python_version=request.python_version,
+                platform=request.platform,
+                lockfile=lockfile,
+                lock=_relative(lockfile, root),
+                lock_sha256=hashlib.sha256(lockfile.read_bytes()).hexdigest(),
+                inputs_hash=wanted,
+                index_url=request.index_url,
+                extra_index_urls=tuple(request.extra_index_urls),
+            )
+    for env_id in found:
+        skipped.pop(env_id, None)
+    return sorted(found.values(), key=lambda e: e.env_id), dict(sorted(skipped.items()))
+
+
+# ------------------------------------------------------------------------------------------- the wheels
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wheel:
+    name: str  # normalized
+    version: str
+    filename: str
+    sha256: str
+    url: str  # absolute; never written out (see assign_bases)
+
+    def to_json(self, base: str, path: str) -> dict[str, str]:
+        return {"name": self.name, "version": self.version, "filename": self.filename, "base": base, "path": path}
+
+
+def select_wheels(
+    pylock: Mapping, pins: Mapping[str, tuple[str, frozenset[str]]], *, python_version: str, platform: str
+) -> list[Wheel]:
+    """The one wheel per locked package the target installs; each must carry a hash the lock lists."""
+    ranking = {tag: i for i, tag in enumerate(target_tags(python_version, platform))}
+    environment = _marker_environment(python_version, platform)
+    chosen: dict[str, Wheel] = {}
+    seen: set[str] = set()
+    problems: list[str] = []
+    for package in pylock.get("packages", []):
+        name = canonicalize_name(package["name"])
+        marker = package.get("marker")
+        if marker and not Marker(marker).evaluate(environment):
+            continue
+        seen.add(name)
+        pin = pins.get(name)
+        if pin is None:
+            problems.append(f"{name}: in uv's answer but not in the lock")
+            continue
+        version, hashes = pin
+        if str(package.get("version")) != version:
+            problems.append(f"{name}: uv answered {package.get('version')}, the lock pins {version}")
+            continue
+        best: tuple[int, Wheel] | None = None
+        for entry in package.get("wheels", []):
+            url = entry.get("url")
+            sha = str(entry.get("hashes", {}).get("sha256", "")).lower()
+            if not url or not sha:
+                continue
+            filename = entry.get("name") or unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+            try:
+                _, _, _, tags = parse_wheel_filename(filename)
+            except InvalidWheelFilename:
+                continue
+            rank = min((ranking[t] for t in tags if t in ranking), default=None)
+            if rank is None:
+                continue
+            wheel = Wheel(name=name, version=version, filename=filename, sha256=sha, url=url)
+            if best is None or (rank, filename) < (best[0], best[1].filename):
+                best = (rank, wheel)
+        if best is None:
+            kind = "an sdist only" if package.get("sdist") and not package.get("wheels") else "no compatible wheel"
+            problems.append(f"{name}=={version}: {kind} for {python_version}/{platform} (the Nix path installs wheels)")
+            continue
+        if best[1].sha256 not in hashes:
+            problems.append(
+                f"{name}=={version}: {best[1].filename} has sha256 {best[1].sha256}, which the lock does not list"
+            )
+            continue
+        chosen[name] = best[1]
+    problems += [f"{name}=={pins[name][0]}: locked, but uv listed no files for it" for name in sorted(set(pins) - seen)]
+    if problems:
+        raise ExportError("\n".join(problems))
+    return [chosen[name] for name in sorted(chosen)]
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def assign_bases(urls: Iterable[str], bases: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """{url: (base name, path under the base)}. Named bases match by longest prefix; the single remaining
+    origin, if there is exactly one, is `default`."""
+    for name in bases:
+        if not _BASE_NAME_RE.match(name):
+            raise ExportError(f"wheel base name {name!r} must match {_BASE_NAME_RE.pattern}")
+    prefixes = sorted(((url.rstrip("/") + "/", name) for name, url in bases.items()), key=lambda p: -len(p[0]))
+    placed: dict[str, tuple[str, str]] = {}
+    unnamed: dict[str, list[str]] = {}
+    for url in sorted(set(urls)):
+        for prefix, name in prefixes:
+            if url.startswith(prefix):
+                placed[url] = (name, url[len(prefix) :])
+                break
+        else:
+            unnamed.setdefault(_origin(url), []).append(url)
+    if unnamed:
+        if len(unnamed) > 1 or DEFAULT_BASE in bases:
+            raise ExportError(
+                f"wheels come from {len(unnamed)} unnamed origin(s); name each with --wheel-base NAME=URL "
+                f"(the base named {DEFAULT_BASE!r} may be left implicit only when it is the single origin)"
+            )
+        ((origin, members),) = unnamed.items()
+        for url in members:
+            placed[url] = (DEFAULT_BASE, url[len(origin) :].lstrip("/"))
+    return placed
+
+
+# --------------------------------------------------------------------------------------------- uv query
+
+
+def _uv_pylock(env: LockedEnvironment, *, uv: str, timeout_s: float) -> dict:
+    args = [
+        uv,
+        "pip",
+        "compile",
+        str(env.lockfile.resolve()),
+        # Every locked package is listed: no resolution, so a crossed pin (an override at lock time) cannot
+        # make uv refuse the set or move a version.
+        "--no-deps",
+        "--python-version",
+        env.python_version,
+        "--python-platform",
+        env.platform,
+        "--format",
+        "pylock.toml",
+        "--no-header",
+        "--quiet",
+    ]
+    if env.index_url:
+        args += ["--index-url", env.index_url]
+    for url in env.extra_index_urls:
+        args += ["--extra-index-url", url]
+    with tempfile.TemporaryDirectory(prefix="servematrix-nixexport-") as cwd:
+        done = subprocess.run(
+            args,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+            check=False,
+        )
+    if done.returncode != 0:
+        raise ExportError(f"{env.env_id}: uv could not list the locked files:\n{done.stderr.strip()[-2000:]}")
+    return tomllib.loads(done.stdout)
+
+
+# ------------------------------------------------------------------------------------------ the document
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exported:
+    document: dict
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return render(self.document)
+
+
+def render(document: Mapping) -> str:
+    """Deterministic JSON: sorted keys, one value per line, so a re-lock shows as a readable diff."""
+    return json.dumps(document, indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def _env_entry(env: LockedEnvironment, wheel_ids: list[str]) -> dict:
+    return {
+        "axes": dict(env.axes),
+        "inputs_hash": env.inputs_hash,
+        "lock": env.lock,
+        "lock_sha256": env.lock_sha256,
+        "matrices": list(env.matrices),
+        "platform": env.platform,
+        "python_version": env.python_version,
+        "system": nix_system(env.platform),
+        "wheels": wheel_ids,
+    }
+
+
+def export(
+    matrices: Sequence[Path],
+    *,
+    root: Path,
+    lock_dir: Path | None = None,
+    bases: Mapping[str, str] | None = None,
+    uv: str = "uv",
+    timeout_s: float = 600,
+    query=_uv_pylock,  # injectable for tests: (env, uv=, timeout_s=) -> pylock dict
+) -> Exported:
+    envs, skipped = locked_environments(matrices, root=root, lock_dir=lock_dir)
+    chosen: dict[str, list[Wheel]] = {}
+    for env in envs:
+        pins = parse_lock_body(env.lockfile.read_text(encoding="utf-8"))
+        try:
+            chosen[env.env_id] = select_wheels(
+                query(env, uv=uv, timeout_s=timeout_s),
+                pins,
+                python_version=env.python_version,
+                platform=env.platform,
+            )
+        except ExportError as exc:
+            raise ExportError(f"{env.env_id} ({env.lock}):\n{exc}") from None
+    placed = assign_bases((w.url for ws in chosen.values() for w in ws), bases or {})
+    wheels: dict[str, dict[str, str]] = {}
+    for ws in chosen.values():
+        for w in ws:
+            base, path = placed[w.url]
+            entry = w.to_json(base, path)
+            if wheels.setdefault(w.sha256, entry) != entry:
+                raise ExportError(f"sha256 {w.sha256} names two different files: {wheels[w.sha256]} and {entry}")
+    document = {
+        "format": FORMAT,
+        "generated_by": "python -m servematrix.nixexport; do not edit (docs/nix.md)",
+        "environments": {env.env_id: _env_entry(env, [w.sha256 for w in chosen[env.env_id]]) for env in envs},
+        "wheel_bases": sorted({entry["base"] for entry in wheels.values()}),
+        "wheels": wheels,
+    }
+    return Exported(document=document, skipped=skipped)
+
+
+def check(document: Mapping, matrices: Sequence[Path], *, root: Path, lock_dir: Path | None = None) -> list[str]:
+    """Offline: how `document` (a parsed nix/envs.json) differs from what the locks say; [] when in step."""
+    if document.get("format") != FORMAT:
+        return [f"format {document.get('format')!r}, expected {FORMAT}"]
+    envs, _ = locked_environments(matrices, root=root, lock_dir=lock_dir)
+    recorded = document.get("environments", {})
+    wheels = document.get("wheels", {})
+    problems: list[str] = []
+    expected_ids = {e.env_id for e in envs}
+    for env_id in sorted(expected_ids - set(recorded)):
+        problems.append(f"{env_id}: locked, but not exported")
+    for env_id in sorted(set(recorded) - expected_ids):
+        problems.append(f"{env_id}: exported, but no current lock in the matrices")
+    for env in envs:
+        entry = recorded.get(env.env_id)
+        if entry is None:
+            continue
+        expected = _env_entry(env, entry.get("wheels", []))
+        for key, value in expected.items():
+            if key != "wheels" and entry.get(key) != value:
+                problems.append(f"{env.env_id}: {key} is {entry.get(key)!r}, the lock says {value!r}")
+        pins = parse_lock_body(env.lockfile.read_text(encoding="utf-8"))
+        seen: dict[str, str] = {}
+        for sha in entry.get("wheels", []):
+            wheel = wheels.get(sha)
+            if wheel is None:
+                problems.append(f"{env.env_id}: wheel {sha} is not in the wheels table")
+                continue
+            name, version = wheel["name"], wheel["version"]
+            seen[name] = version
+            pin = pins.get(name)
+            if pin is None:
+                problems.append(f"{env.env_id}: {name} is exported but not locked")
+            elif pin[0] != version or sha not in pin[1]:
+                problems.append(f"{env.env_id}: {wheel['filename']} does not match the lock's {name}=={pin[0]}")
+        for name in sorted(set(pins) - set(seen)):
+            problems.append(f"{env.env_id}: {name}=={pins[name][0]} is locked but has no exported wheel")
+    for sha, wheel in sorted(wheels.items()):
+        if wheel.get("base") not in document.get("wheel_bases", []):
+            problems.append(f"wheel {wheel.get('filename')}: base {wheel.get('base')!r} is not in wheel_bases")
+        if "://" in wheel.get("path", "") or wheel.get("path", "").startswith("/"):
+            problems.append(f"wheel {wheel.get('filename')}: path must be relative to its base")
+        if not re.fullmatch(r"[0-9a-f]{64}", sha):
+            problems.append(f"wheel {wheel.get('filename')}: {sha!r} is not a sha256")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+
+def _parse_base(text: str) -> tuple[str, str]:
+    name, sep, url = text.partition("=")
+    if not sep or not url or "://" not in url:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=URL")
+    return name, url
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m servematrix.nixexport",
+        description="Write the matrices' locked environments, with the exact wheel of every locked package, as "
+        "the JSON flake.nix reads. Needs the package index (uv is asked where each locked file lives); "
+        "--check needs nothing but the files.",
+    )
+    parser.add_argument("matrices", type=Path, nargs="*", help="matrix TOML files (default: matrix/*.toml)")
+    parser.add_argument("--lock-dir", type=Path, help="where the locks are (default: locks/ beside each matrix)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the JSON to write (default: {DEFAULT_OUT})")
+    parser.add_argument(
+        "--wheel-base",
+        dest="bases",
+        type=_parse_base,
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="name a URL prefix that wheels are fetched from; the URL itself is never written out",
+    )
+    parser.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: .)")
+    parser.add_argument("--uv", default="uv")
+    parser.add_argument("--check", action="store_true", help="compare --out with the locks, offline; exit 1 if stale")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    matrices = args.matrices or sorted((args.root / "matrix").glob("*.toml"))
+    try:
+        if args.check:
+            if not args.out.is_file():
+                print(f"{args.out}: missing; run python -m servematrix.nixexport", file=sys.stderr)
+                return 1
+            problems = check(json.loads(args.out.read_text()), matrices, root=args.root, lock_dir=args.lock_dir)
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            if problems:
+                print(f"{args.out} is stale: run python -m servematrix.nixexport", file=sys.stderr)
+                return 1
+            print(f"{args.out}: in step with the locks", file=sys.stderr)
+            return 0
+        result = export(matrices, root=args.root, lock_dir=args.lock_dir, bases=dict(args.bases), uv=args.uv)
+    except (ExportError, InputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(result.text, encoding="utf-8")
+    tmp.replace(args.out)
+    for env_id, reason in result.skipped.items():
+        print(f"skipped {env_id}: {reason}", file=sys.stderr)
+    document = result.document
+    print(
+        f"wrote {args.out}: {len(document['environments'])} environment(s), {len(document['wheels'])} wheel(s), "
+        f"bases {', '.join(document['wheel_bases']) or '-'}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
