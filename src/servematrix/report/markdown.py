@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packaging.version import InvalidVersion, Version
+
 from servematrix.engines import load_engine
 from servematrix.store import Row
 
@@ -116,7 +118,7 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
     if len(modes) >= 2:
         header.append(f"{modes[1]} / {modes[0]}")
     lines = [f"## `{matrix}`\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for cells in envs.values():
+    for cells in sorted(envs.values(), key=lambda cells: [version_key(_axis_value(cells, a)) for a in axes]):
         any_row = next(iter(cells.values()))
         line = [_axis(any_row, a) for a in axes]
         for mode in modes:
@@ -137,8 +139,12 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
     lines.append(provenance(rows))
     for plot_title, link in extras.plots.get(matrix, ()):
         lines.append(f"![{plot_title}]({link})\n")
-    lines.append(_details(rows))
+    lines.append(_details(rows, axes, modes))
     return "\n".join(lines)
+
+
+def _axis_value(cells: Mapping[str, Row], axis: str) -> str:
+    return str(next(iter(cells.values()))["axes"].get(axis, ""))
 
 
 def _axis(row: Row, axis: str) -> str:
@@ -147,6 +153,16 @@ def _axis(row: Row, axis: str) -> str:
     if any(axis in name for name in crossed):
         return f"{value} (crosses pin)"
     return value
+
+
+def version_key(value: str) -> tuple[int, Version | str]:
+    """`pinned` first, then versions in order, then anything else by name."""
+    if value == "pinned":
+        return (0, "")
+    try:
+        return (1, Version(value))
+    except InvalidVersion:
+        return (2, value)
 
 
 def failure_class(verdict: str) -> str | None:
@@ -183,11 +199,22 @@ def _host(host: dict[str, Any]) -> str:
     return f"{host.get('cpu', '?')}" + (f", {gpu} (driver {host.get('driver')})" if gpu else ", no GPU")
 
 
-def _details(rows: list[Row]) -> str:
-    lines = ["<details><summary>Cells: verdict evidence and reproduce commands</summary>\n"]
-    for row in rows:
-        axes = " ".join(f"{k}={v}" for k, v in row["axes"].items())
-        lines.append(f"- `{row['cell_id']}` {axes} mode={row['mode']}: `{row['verdict']}`")
+def axes_text(row: Row, axes: Sequence[str]) -> str:
+    """`sglang=0.5.12 torch=pinned ...` in the engine's axis order (the store keeps axes sorted by name)."""
+    known = [a for a in axes if a in row["axes"]] + sorted(set(row["axes"]) - set(axes))
+    return " ".join(f"{a}={row['axes'][a]}" for a in known)
+
+
+def cell_order(row: Row, axes: Sequence[str], modes: Sequence[str]) -> tuple[Any, ...]:
+    """Environments in version order along the engine's axes, then modes in the engine's order."""
+    mode = modes.index(row["mode"]) if row["mode"] in modes else len(modes)
+    return ([version_key(str(row["axes"].get(a, ""))) for a in axes], mode, row["mode"])
+
+
+def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str]) -> str:
+    lines = ['<details markdown="1"><summary>Cells: verdict evidence and reproduce commands</summary>\n']
+    for row in sorted(rows, key=lambda r: cell_order(r, axes, modes)):
+        lines.append(f"- `{row['cell_id']}` {axes_text(row, axes)} mode={row['mode']}: `{row['verdict']}`")
         excerpt = (row.get("excerpt") or "").strip()
         if excerpt and row["verdict"] != "pass":
             first = excerpt.splitlines()[-1][:200]

@@ -17,10 +17,9 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 from matplotlib.colors import TwoSlopeNorm
-from packaging.version import InvalidVersion, Version
 
 from servematrix.engines import load_engine
-from servematrix.report.markdown import speedup
+from servematrix.report.markdown import speedup, version_key
 from servematrix.report.regressions import spreads
 from servematrix.store import Row
 
@@ -46,16 +45,6 @@ class Plot:
     path: Path
 
 
-def version_key(value: str) -> tuple[int, Version | str]:
-    """`pinned` first, then versions in order, then anything else by name."""
-    if value == "pinned":
-        return (0, "")
-    try:
-        return (1, Version(value))
-    except InvalidVersion:
-        return (2, value)
-
-
 def matrix_slug(matrix: str) -> str:
     return Path(matrix).stem or "matrix"
 
@@ -67,11 +56,10 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
         by_matrix.setdefault(row["matrix"], []).append(row)
     plots: list[Plot] = []
     out_dir.mkdir(parents=True, exist_ok=True)
-    with plt.rc_context(STYLE):
-        for matrix, group in by_matrix.items():
-            for plot in (throughput_plot(matrix, group, out_dir), speedup_heatmap(matrix, group, out_dir)):
-                if plot is not None:
-                    plots.append(plot)
+    for matrix, group in by_matrix.items():
+        for plot in (throughput_plot(matrix, group, out_dir), speedup_heatmap(matrix, group, out_dir)):
+            if plot is not None:
+                plots.append(plot)
     return plots
 
 
@@ -96,6 +84,11 @@ def _environments(rows: Sequence[Row], axes: Sequence[str]) -> tuple[dict[str, d
 
 def throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
     """One panel per environment that measured anything; one line per mode (median, min–max bars)."""
+    with plt.rc_context(STYLE):
+        return _throughput_plot(matrix, rows, out_dir)
+
+
+def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
     engine = load_engine(rows[0]["engine"])
     modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
     envs, varying = _environments(rows, [*engine.axes, "gpu"])
@@ -185,6 +178,11 @@ def speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | N
 
     A square holding several environments (other axes vary) shows their median and n. Squares with no
     speedup say why: the second mode failed, was not applicable, or the combination was not run."""
+    with plt.rc_context(STYLE):
+        return _speedup_heatmap(matrix, rows, out_dir)
+
+
+def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
     engine = load_engine(rows[0]["engine"])
     modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
     if len(modes) < 2 or len(engine.axes) < 2:

@@ -26,8 +26,17 @@ import jinja2
 from servematrix.classify import Signature, load_signatures
 from servematrix.engines import available_engines, load_engine
 from servematrix.report import markdown
-from servematrix.report.markdown import Extras, failure_class, reproduce, speedup, tok_s
-from servematrix.report.plots import Plot, version_key, write_plots
+from servematrix.report.markdown import (
+    Extras,
+    axes_text,
+    cell_order,
+    failure_class,
+    reproduce,
+    speedup,
+    tok_s,
+    version_key,
+)
+from servematrix.report.plots import Plot, write_plots
 from servematrix.report.regressions import (
     Regression,
     detect_regressions,
@@ -186,7 +195,7 @@ def write_failure_pages(classes: Mapping[str, FailureClass], rows: Sequence[Row]
     written = []
     page = env.get_template("failure.md.j2")
     for cls in classes.values():
-        cells = [_failure_cell(row) for row in sorted(by_class.get(cls.id, []), key=_row_order)]
+        cells = [_failure_cell(row) for row in sorted(by_class.get(cls.id, []), key=_failure_order)]
         written.append(_write_text(out_dir / _page_name(cls.id), page.render(cls=cls, cells=cells, html=HTML_NAME)))
     index = env.get_template("failures-index.md.j2").render(
         classes=list(classes.values()), counts={cls: len(rows) for cls, rows in by_class.items()}
@@ -204,7 +213,7 @@ def _failure_cell(row: Row) -> dict[str, Any]:
     return {
         "id": row["cell_id"],
         "matrix": row["matrix"],
-        "axes": " ".join(f"{k}={v}" for k, v in row["axes"].items()),
+        "axes": axes_text(row, _engine_axes(row)),
         "mode": row["mode"],
         "verdict": row["verdict"],
         "evidence": ", ".join(row.get("evidence") or []),
@@ -213,8 +222,13 @@ def _failure_cell(row: Row) -> dict[str, Any]:
     }
 
 
-def _row_order(row: Row) -> tuple[Any, ...]:
-    return (row["matrix"], [version_key(str(v)) for v in row["axes"].values()], row["mode"])
+def _engine_axes(row: Row) -> list[str]:
+    return [*load_engine(row["engine"]).axes, "gpu"]
+
+
+def _failure_order(row: Row) -> tuple[Any, ...]:
+    engine = load_engine(row["engine"])
+    return (row["matrix"], cell_order(row, [*engine.axes, "gpu"], engine.modes))
 
 
 # -------------------------------------------------------------------------------------------------- HTML

@@ -38,7 +38,21 @@
   function setupSection(section) {
     var controls = Array.prototype.slice.call(section.querySelectorAll("[data-filter]"));
     var body = section.querySelector("tbody");
-    var rows = Array.prototype.slice.call(body.querySelectorAll("tr"));
+    var rows = Array.prototype.slice.call(body.querySelectorAll("tr[data-cell]"));
+    // Each cell's reproduce block is the row after it. Without JS every block stays visible.
+    rows.forEach(function (row) {
+      var detail = document.getElementById("repro-" + row.getAttribute("data-cell"));
+      var button = row.querySelector("button.toggle");
+      row.detail = detail;
+      if (!detail || !button) return;
+      detail.hidden = true;
+      button.setAttribute("aria-expanded", "false");
+      button.addEventListener("click", function () {
+        var open = button.getAttribute("aria-expanded") !== "true";
+        button.setAttribute("aria-expanded", open ? "true" : "false");
+        detail.hidden = !open;
+      });
+    });
     var shown = section.querySelector("output.shown");
 
     controls.forEach(function (control) {
@@ -68,6 +82,10 @@
           return rowValue(row, f.key) === f.value;
         });
         row.hidden = !visible;
+        if (row.detail) {
+          var button = row.querySelector("button.toggle");
+          row.detail.hidden = !visible || !button || button.getAttribute("aria-expanded") !== "true";
+        }
         if (visible) count++;
       });
       shown.value = count + " of " + rows.length + " cells";
@@ -104,7 +122,10 @@
           var order = compareValues(type, x, y);
           return descending ? -order : order;
         });
-        sorted.forEach(function (row) { body.appendChild(row); });
+        sorted.forEach(function (row) {
+          body.appendChild(row);
+          if (row.detail) body.appendChild(row.detail);
+        });
       });
     });
 
@@ -128,10 +149,12 @@
   function openTarget() {
     var id = window.location.hash.slice(1);
     var target = id && document.getElementById(id);
-    if (target && target.tagName === "TR") {
+    if (target && target.tagName === "TR" && target.hasAttribute("data-cell")) {
       target.hidden = false;
-      var details = target.querySelector("details");
-      if (details) details.open = true;
+      target.classList.add("target");
+      var button = target.querySelector("button.toggle");
+      if (button && button.getAttribute("aria-expanded") !== "true") button.click();
+      target.scrollIntoView();
     }
   }
   window.addEventListener("hashchange", openTarget);

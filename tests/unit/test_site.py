@@ -1,0 +1,359 @@
+"""The published report from synthetic rows: markdown, HTML, plots, failure pages, the docs site build.
+
+The rows are made up (no GPU run stands behind them) to cover what the CPU matrix cannot show: failures
+with their classes, a predicted failure, a missing combination, crossed pins, a second GPU kind.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servematrix.classify import load_signatures
+from servematrix.report import markdown
+from servematrix.report.plots import speedup_heatmap, throughput_plot, write_plots
+from servematrix.report.regressions import load_export, published_rows
+from servematrix.report.site import build_report, failure_classes, prediction, render_html
+from servematrix.store import Row
+from tests.conftest import REPO
+
+SGLANG = "matrix/synthetic-sglang.toml"
+
+
+def metrics(*levels: tuple[int, float, float, float]) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "completion_tokens": 1000,
+        "error_count": 0,
+        "levels": [
+            {
+                "concurrency": c,
+                "completion_tokens": 500,
+                "error_count": 0,
+                "output_tok_s": {"min": lo, "median": med, "max": hi},
+                "request_s": {"min": 1.0, "median": 1.0, "max": 1.0},
+                "runs": [{"repeat": 0, "output_tok_s": lo}, {"repeat": 1, "output_tok_s": hi}],
+            }
+            for c, lo, med, hi in levels
+        ],
+    }
+
+
+def row(
+    cell: str,
+    *,
+    sglang: str,
+    flashinfer: str,
+    mode: str,
+    verdict: str,
+    gpu: str = "b200",
+    tok: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Row:
+    values = {
+        "run_id": "run-1",
+        "cell_id": cell,
+        "env_id": f"env-{sglang}-{flashinfer}-{gpu}",
+        "engine": "sglang",
+        "mode": mode,
+        "matrix": SGLANG,
+        "axes": {"sglang": sglang, "torch": "pinned", "flashinfer": flashinfer, "cuda": "13.0", "gpu": gpu},
+        "inputs_hash": "h",
+        "status": "finished",
+        "verdict": verdict,
+        "excerpt": "",
+        "evidence": [],
+        "metrics": tok,
+        "argv": ["python", "-m", "sglang.launch_server", "--model-path", "/models/glm5", "--port", "30000"],
+        "lock_hash": "ab" * 32,
+        "lock_file": "matrix/locks/x.lock.txt",
+        "crossed_pins": {},
+        "image_digest": "sha256:" + "cd" * 32,
+        "host": {
+            "hostname": "gpu-1",
+            "cpu": "Xeon",
+            "cpus": 96,
+            "os": "Linux",
+            "gpu_sku": "NVIDIA B200",
+            "gpus": [{}] * 8,
+            "driver": "580.65",
+        },
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "finished_at": "2026-01-01T00:10:00+00:00",
+        **extra,
+    }
+    return Row(values=values)
+
+
+DYNAMO_EXCERPT = (
+    '  File "flashinfer/fp4_quantization.py", line 80, in get_fp4_quantization_module\n'
+    "torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped"
+)
+
+
+def sglang_rows() -> list[Row]:
+    return [
+        row("a1", sglang="0.5.9", flashinfer="pinned", mode="baseline", verdict="pass",
+            tok=metrics((1, 90, 100, 110), (64, 1800, 2000, 2100))),
+        row("a2", sglang="0.5.9", flashinfer="pinned", mode="piecewise", verdict="fail:dynamo-untraceable",
+            evidence=["flashinfer fp4 JIT"], excerpt=DYNAMO_EXCERPT),
+        row("b1", sglang="0.5.9", flashinfer="0.6.12", mode="baseline", verdict="pass",
+            tok=metrics((1, 95, 100, 105), (64, 1900, 2000, 2050)), crossed_pins={"flashinfer-python": "0.6.12"}),
+        row("b2", sglang="0.5.9", flashinfer="0.6.12", mode="piecewise", verdict="predicted-fail:dynamo-untraceable",
+            excerpt="probe: fp4_quantize does not trace under torch 2.9.1 + flashinfer 0.6.12"),
+        row("c1", sglang="0.5.12", flashinfer="pinned", mode="baseline", verdict="pass",
+            tok=metrics((1, 100, 110, 120), (64, 2000, 2100, 2200))),
+        row("c2", sglang="0.5.12", flashinfer="pinned", mode="piecewise", verdict="pass",
+            tok=metrics((1, 120, 130, 140), (64, 2400, 2520, 2600))),
+        # 0.5.12 with flashinfer 0.6.12 was not run: the heatmap must show a gap, not crash.
+        row("d1", sglang="0.5.12", flashinfer="pinned", mode="baseline", verdict="skipped:no-gpu", gpu="rtx-pro-6000",
+            excerpt="needs 8x sm_120"),
+        row("d2", sglang="0.5.12", flashinfer="pinned", mode="piecewise", verdict="skipped:no-gpu", gpu="rtx-pro-6000",
+            excerpt="needs 8x sm_120"),
+    ]  # fmt: skip
+
+
+class _Page(HTMLParser):
+    """Collects the table rows (their data attributes) and the images of the page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict[str, str | None]] = []
+        self.images: list[str] = []
+        self.links: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "tr" and "data-cell" in values:
+            self.rows.append(values)
+        if tag == "img":
+            self.images.append(values.get("src") or "")
+        if tag == "a":
+            self.links.append(values.get("href") or "")
+        for name in ("src", "href"):
+            if re.match(r"(?i)^(https?:)?//", values.get(name) or ""):
+                self.external.append(values[name] or "")
+
+
+def parse(html: str) -> _Page:
+    page = _Page()
+    page.feed(html)
+    return page
+
+
+def test_report_writes_every_part(tmp_path: Path):
+    result = build_report(sglang_rows(), tmp_path, baseline=None)
+    assert result.markdown == tmp_path / "compatibility.md"
+    assert result.html == tmp_path / "compatibility.html"
+    assert result.results == tmp_path / "results" / "latest.json"
+    assert {p.name for p in result.plots} == {"synthetic-sglang-throughput.svg", "synthetic-sglang-speedup.svg"}
+    assert result.regressions == () and result.baseline is None
+    pages = {p.name for p in result.failure_pages}
+    signature_ids = {s.id for s in load_signatures("sglang")} | {s.id for s in load_signatures("transformers")}
+    assert pages == {f"{cls}.md" for cls in signature_ids} | {"index.md"}
+
+
+def test_markdown_links_each_failed_cell_to_its_class_page(tmp_path: Path):
+    build_report(sglang_rows(), tmp_path, baseline=None)
+    text = (tmp_path / "compatibility.md").read_text()
+    assert "❌ [`fail:dynamo-untraceable (flashinfer fp4 JIT)`](failures/dynamo-untraceable.md)" in text
+    assert "⚠️ [`predicted-fail:dynamo-untraceable`](failures/dynamo-untraceable.md)" in text
+    assert "✅ `pass`" in text
+    assert "(crosses pin)" in text  # flashinfer 0.6.12 crosses 0.5.9's pin
+    assert "![synthetic-sglang: output tok/s against concurrency](plots/synthetic-sglang-throughput.svg)" in text
+    assert "[the interactive table](compatibility.html)" in text
+    # Environments in version order: 0.5.9 before 0.5.12, pinned before 0.6.12.
+    order = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| 0.5.")]
+    assert order == ["0.5.9", "0.5.9", "0.5.12", "0.5.12"]
+    assert "**1.20×** @64" in text  # 2520 / 2100
+
+
+def test_plain_markdown_write_is_unchanged(tmp_path: Path):
+    """`write(rows, out)` alone: no links to pages that were not written, no plots, same columns."""
+    out = markdown.write(sglang_rows(), tmp_path / "table.md")
+    text = out.read_text()
+    assert "failures/" not in text and "plots/" not in text and "compatibility.html" not in text
+    assert "❌ `fail:dynamo-untraceable (flashinfer fp4 JIT)`" in text
+    assert "- reproduce: `servematrix run matrix/synthetic-sglang.toml --select id=a2 --rerun`" in text
+
+
+def test_failure_page_has_the_signature_text_and_the_cells(tmp_path: Path):
+    build_report(sglang_rows(), tmp_path, baseline=None)
+    page = (tmp_path / "failures" / "dynamo-untraceable.md").read_text()
+    signature = load_signatures("sglang").get("dynamo-untraceable")
+    assert signature is not None
+    assert page.startswith("<!-- generated")
+    assert f"# `dynamo-untraceable`: {signature.title}" in page
+    assert signature.explanation.strip() in page
+    assert signature.workaround.strip() in page
+    assert "`flashinfer fp4 JIT`" in page
+    assert "[`a2`](../compatibility.html#cell-a2)" in page
+    assert "[`b2`](../compatibility.html#cell-b2)" in page
+    assert "Attempted to call function marked as skipped" in page
+    # A class two engines define shows both engines' texts.
+    shared = (tmp_path / "failures" / "unknown-flag.md").read_text()
+    assert "## sglang" in shared and "## transformers" in shared
+    assert "None in the current results." in shared
+    index = (tmp_path / "failures" / "index.md").read_text()
+    assert "| [`dynamo-untraceable`](dynamo-untraceable.md) |" in index and "| 2 |" in index
+
+
+def test_a_class_without_signature_data_gets_an_honest_page(tmp_path: Path):
+    rows = [*sglang_rows(), row("e1", sglang="0.5.12", flashinfer="0.6.12", mode="baseline", verdict="fail:build")]
+    result = build_report(rows, tmp_path, baseline=None)
+    assert tmp_path / "failures" / "build.md" in result.failure_pages
+    page = (tmp_path / "failures" / "build.md").read_text()
+    assert "no signature data describes it yet" in page and "[`e1`]" in page
+    assert "[`fail:build`](failures/build.md)" in (tmp_path / "compatibility.md").read_text()
+    assert "build" in failure_classes(rows)
+    # Stale pages go when their class does.
+    build_report(sglang_rows(), tmp_path, baseline=None)
+    assert not (tmp_path / "failures" / "build.md").exists()
+
+
+def test_html_is_self_contained_and_carries_every_cell(tmp_path: Path):
+    build_report(sglang_rows(), tmp_path, baseline=None)
+    html = (tmp_path / "compatibility.html").read_text()
+    page = parse(html)
+    assert not page.external, page.external  # no CDN, no server
+    assert "<script src" not in html and "<link" not in html
+    assert [r["data-cell"] for r in page.rows] == ["a1", "a2", "b1", "b2", "c1", "c2", "d1", "d2"]
+    by_id = {r["data-cell"]: r for r in page.rows}
+    assert by_id["a2"]["data-verdict"] == "fail" and by_id["b2"]["data-verdict"] == "predicted-fail"
+    assert by_id["a1"]["data-axis-sglang"] == "0.5.9" and by_id["a1"]["data-mode"] == "baseline"
+    assert len(page.images) == 2 and all(src.startswith("data:image/svg+xml;base64,") for src in page.images)
+    # Failed cells link to the class explanation inside the page.
+    assert "#class-dynamo-untraceable" in page.links
+    assert 'id="class-dynamo-untraceable"' in html
+    assert load_signatures("sglang").get("dynamo-untraceable").workaround.strip()[:60] in html  # type: ignore[union-attr]
+    # The reproduce block: command, server argv, lock, image, host, driver, GPU.
+    for text in (
+        "servematrix run matrix/synthetic-sglang.toml --select id=a2 --rerun",
+        "python -m sglang.launch_server --model-path /models/glm5 --port 30000",
+        "ab" * 32,
+        "sha256:" + "cd" * 32,
+        "gpu-1",
+        "8× NVIDIA B200 · driver 580.65",
+    ):
+        assert text in html, text
+    assert "1.20×" in html
+    # Predicted against observed.
+    assert "predicted <code>predicted-fail:dynamo-untraceable</code>" in html
+    assert "not run" in html
+
+
+def test_predicted_versus_observed():
+    observed = row("x", sglang="0.5.9", flashinfer="pinned", mode="piecewise", verdict="fail:dynamo-untraceable")
+    assert prediction(observed) == {"predicted": "", "observed": "fail:dynamo-untraceable", "status": "observed"}
+    predicted = row(
+        "x", sglang="0.5.9", flashinfer="pinned", mode="piecewise", verdict="predicted-fail:dynamo-untraceable"
+    )
+    assert prediction(predicted)["status"] == "predicted"  # type: ignore[index]
+    # A row that carries both (a future `prediction` field): agreeing and disagreeing.
+    both = row("x", sglang="0.5.9", flashinfer="pinned", mode="piecewise", verdict="fail:dynamo-untraceable",
+               prediction="predicted-fail:dynamo-untraceable")  # fmt: skip
+    assert prediction(both)["status"] == "confirmed"  # type: ignore[index]
+    wrong = row("x", sglang="0.5.9", flashinfer="pinned", mode="piecewise", verdict="pass",
+                prediction="predicted-fail:dynamo-untraceable")  # fmt: skip
+    assert prediction(wrong)["status"] == "missed"  # type: ignore[index]
+    skipped = row("x", sglang="0.5.9", flashinfer="pinned", mode="piecewise", verdict="skipped:no-gpu")
+    assert prediction(skipped) is None
+
+
+def test_html_of_no_rows_says_so():
+    html = render_html([])
+    assert "No results yet" in html
+
+
+def _svg_texts(path: Path) -> list[str]:
+    root = ET.parse(path).getroot()
+    return ["".join(t.itertext()).strip() for t in root.iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_heatmap_marks_failed_missing_and_measured_squares(tmp_path: Path):
+    plot = speedup_heatmap(SGLANG, sglang_rows(), tmp_path)
+    assert plot is not None and plot.path.name == "synthetic-sglang-speedup.svg"
+    texts = _svg_texts(plot.path)
+    assert "1.20×" in texts  # 0.5.12 / pinned on b200
+    joined = " ".join(texts)
+    assert joined.count("fails") == 2  # 0.5.9 with both flashinfers: observed and predicted failures
+    assert "—" in texts  # 0.5.12 with flashinfer 0.6.12: not run
+    assert "n/a" in texts  # rtx-pro-6000: skipped, no speedup to show
+    assert "gpu b200" in texts and "gpu rtx-pro-6000" in texts
+    assert "sglang" in texts and "flashinfer" in texts
+
+
+def test_throughput_plot_has_a_panel_per_measured_environment(tmp_path: Path):
+    plot = throughput_plot(SGLANG, sglang_rows(), tmp_path)
+    assert plot is not None
+    texts = _svg_texts(plot.path)
+    panels = [t for t in texts if t.startswith("sglang ")]
+    assert panels == [
+        "sglang 0.5.9 · flashinfer pinned · gpu b200",
+        "sglang 0.5.9 · flashinfer 0.6.12 · gpu b200",
+        "sglang 0.5.12 · flashinfer pinned · gpu b200",
+    ]
+    assert "baseline" in texts and "piecewise" in texts
+
+
+def test_plots_are_deterministic_and_skip_matrices_with_nothing_to_draw(tmp_path: Path):
+    first = write_plots(sglang_rows(), tmp_path / "a")
+    second = write_plots(sglang_rows(), tmp_path / "b")
+    assert [p.path.read_bytes() for p in first] == [p.path.read_bytes() for p in second]
+    nothing = [r for r in sglang_rows() if r["verdict"].startswith("skipped")]
+    assert [p.kind for p in write_plots(nothing, tmp_path / "c")] == ["speedup"]  # only "n/a" squares
+
+
+def test_transformers_heatmap_uses_transformers_by_torch(tmp_path: Path):
+    rows = [
+        Row(values={**r.values, "engine": "transformers", "matrix": "matrix/cpu.toml",
+                    "axes": {"transformers": t, "torch": "2.9.1", "gpu": "cpu"}, "env_id": f"e{t}",
+                    "mode": {"baseline": "static", "piecewise": "continuous-batching"}[r["mode"]]})
+        for r, t in ((sglang_rows()[4], "5.5.4"), (sglang_rows()[5], "5.5.4"))
+    ]  # fmt: skip
+    plot = speedup_heatmap("matrix/cpu.toml", rows, tmp_path)
+    assert plot is not None
+    texts = _svg_texts(plot.path)
+    assert "transformers" in texts and "torch" in texts and "1.20×" in texts
+
+
+def test_report_renders_again_from_the_published_record_alone(tmp_path: Path):
+    """The docs build needs no store: the JSON export holds what the page shows."""
+    first = build_report(sglang_rows(), tmp_path / "a", baseline=None)
+    export = load_export(first.results)
+    assert export is not None
+    again = build_report(published_rows(export), tmp_path / "b", baseline=None)
+    assert again.markdown.read_text() == first.markdown.read_text()
+    assert again.html.read_text() == first.html.read_text()
+
+
+@pytest.mark.slow
+def test_mkdocs_builds_the_site_strictly(tmp_path: Path):
+    """mkdocs.yml + docs/ + a generated report build with --strict (broken links and nav entries fail)."""
+    pytest.importorskip("material", reason="mkdocs-material is not installed (nox -s docs installs it)")
+    site = tmp_path / "project"
+    shutil.copytree(REPO / "docs", site / "docs", ignore=shutil.ignore_patterns("compatibility.*", "plots"))
+    shutil.copy(REPO / "mkdocs.yml", site / "mkdocs.yml")
+    build_report(sglang_rows(), site / "docs", baseline=site / "docs" / "results" / "latest.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=site,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = tmp_path / "site"
+    assert (built / "compatibility.html").is_file()  # the static page, copied as is
+    assert (built / "compatibility" / "index.html").is_file()
+    assert (built / "failures" / "dynamo-untraceable" / "index.html").is_file()
+    assert (built / "plots" / "synthetic-sglang-speedup.svg").is_file()
