@@ -25,6 +25,7 @@ run time (plugin-extendable lists, parser registries) are left out, meaning "not
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -83,6 +84,7 @@ class FlagSurface:
 
     def closed_choices(self) -> dict[str, tuple[str, ...]]:
         return {flag: values for flag, values in self.choices.items() if flag not in self.extendable}
+
     sha256: str = ""
 
     def to_json(self) -> dict:
@@ -411,7 +413,7 @@ class _Reader:
         self.flags.update(flags)
         if action_name.startswith("Deprecated"):
             self.deprecated.update(flags)
-        values, notes = literal_choices, set()
+        values, notes = literal_choices, set[str]()
         if "choices" in kwargs:
             try:
                 values = _as_choices(self.resolve(kwargs["choices"], mod, scope=None, notes=notes))
@@ -493,13 +495,11 @@ class _Reader:
         if _is_true(meta.get("no_cli")):
             return
         cli_name = meta.get("cli_name")
-        primary = cli_name.value if isinstance(cli_name, ast.Constant) else "--" + name.replace("_", "-")
-        options = [primary]
+        primary = cli_name.value if _is_string_constant(cli_name) else "--" + name.replace("_", "-")  # type: ignore[union-attr]
+        options: list[str] = [str(primary)]
         if "aliases" in meta:
-            try:
+            with contextlib.suppress(_Unresolvable):
                 options += [str(a) for a in self.resolve(meta["aliases"], mod, scope=None)]
-            except _Unresolvable:
-                pass
         kwargs = {k: v for k, v in meta.items() if k in ("action", "choices", "nargs")}
         if "action" in kwargs:
             self._register(options, {"action": kwargs["action"]}, mod, literal_choices=None, many=False)
@@ -555,9 +555,9 @@ class _Reader:
             return left + self.resolve(expr.right, mod, scope=scope, notes=notes, depth=depth + 1)
         if isinstance(expr, ast.Name):
             if scope is not None:
-                value = _class_constant(scope, expr.id)
-                if value is not None:
-                    return self.resolve(value, mod, scope=scope, notes=notes, depth=depth + 1)
+                bound = _class_constant(scope, expr.id)
+                if bound is not None:
+                    return self.resolve(bound, mod, scope=scope, notes=notes, depth=depth + 1)
             if expr.id in mod.constants:
                 if self._is_mutated(expr.id, mod):
                     notes.add("extendable")
@@ -571,9 +571,9 @@ class _Reader:
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
             found = self.find_class(expr.value, mod)
             if found is not None:
-                value = _class_constant(found[0], expr.attr)
-                if value is not None:
-                    return self.resolve(value, found[1], scope=found[0], notes=notes, depth=depth + 1)
+                bound = _class_constant(found[0], expr.attr)
+                if bound is not None:
+                    return self.resolve(bound, found[1], scope=found[0], notes=notes, depth=depth + 1)
         raise _Unresolvable
 
     def _is_mutated(self, name: str, mod: _Module) -> bool:
@@ -607,12 +607,17 @@ def _method(cls: ast.ClassDef | None, name: str) -> ast.FunctionDef | None:
 
 
 def _class_constant(cls: ast.ClassDef, name: str) -> ast.expr | None:
+    """The last value bound to `name` in the class body (`ALL = (...)` or `ALL: tuple = (...)`)."""
     value = None
     for node in cls.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            value = node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-            value = node.value
+        if isinstance(node, ast.Assign):
+            targets, bound = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, bound = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            value = bound
     return value
 
 
@@ -632,6 +637,10 @@ def _last_name(expr: ast.expr | None) -> str:
 
 def _passes_parser(call: ast.Call) -> bool:
     return any(isinstance(a, ast.Name) and "parser" in a.id for a in call.args)
+
+
+def _is_string_constant(expr: ast.expr | None) -> bool:
+    return isinstance(expr, ast.Constant) and isinstance(expr.value, str)
 
 
 def _is_true(expr: ast.expr | None) -> bool:

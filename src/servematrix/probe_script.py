@@ -1,6 +1,6 @@
 """Trace probe: does dynamo (torch.compile, fullgraph=True) trace an FP4 quantize entry point?
 
-This file is copied into, and run by, a throwaway venv that holds one (torch, flashinfer-python) pair:
+This file is run by the interpreter of a throwaway venv that holds one (torch, flashinfer-python) pair:
 
     VENV/bin/python probe_script.py --entry plain|custom-op|sglang-op --arch 100|120 [--module M]
 
@@ -31,9 +31,10 @@ import os
 import sys
 import time
 import traceback
-from typing import Optional, Tuple
+from typing import Optional, Tuple  # noqa: UP035  (torch's schema inference across releases)
 
-# The script's own folder may be a package source tree whose module names shadow the ones torch imports.
+# Python puts the script's folder first on sys.path; servematrix's own modules there would shadow the
+# standard library for torch (servematrix/select.py hides the stdlib `select` that subprocess needs).
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
@@ -51,7 +52,7 @@ def _message_head(exc: BaseException) -> str:
     return "\n".join(lines[:MESSAGE_LINES])
 
 
-def _chain(exc: Optional[BaseException]):
+def _chain(exc: BaseException | None):
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -59,7 +60,7 @@ def _chain(exc: Optional[BaseException]):
         exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
 
 
-def _import_module(explicit: Optional[str]):
+def _import_module(explicit: str | None):
     import importlib
 
     names = (explicit,) if explicit else MODULE_CANDIDATES
@@ -72,7 +73,7 @@ def _import_module(explicit: Optional[str]):
     raise ImportError("; ".join(errors))
 
 
-def _build(entry: str, arch: str, module_name: Optional[str], report: dict):
+def _build(entry: str, arch: str, module_name: str | None, report: dict):
     """Return (fn, args) to trace for the entry point."""
     import torch
 
@@ -91,7 +92,7 @@ def _build(entry: str, arch: str, module_name: Optional[str], report: dict):
         return plain, (x,)
 
     if entry == "custom-op":
-        import flashinfer  # noqa: F401  (registers torch.ops.flashinfer.*)
+        import flashinfer  # registers torch.ops.flashinfer.*
 
         if not hasattr(torch.ops.flashinfer, "fp4_quantize"):
             raise LookupError("torch.ops.flashinfer.fp4_quantize is not registered by this flashinfer")
@@ -120,13 +121,13 @@ def _build(entry: str, arch: str, module_name: Optional[str], report: dict):
         @torch.library.custom_op("servematrix_probe::flashinfer_fp4_quantize", mutates_args=())
         def wrapped(
             input: torch.Tensor,
-            global_scale: Optional[torch.Tensor] = None,
+            global_scale: Optional[torch.Tensor] = None,  # noqa: UP045
             sf_vec_size: int = 16,
             sf_use_ue8m0: bool = False,
             is_sf_swizzled_layout: bool = True,
             is_sf_8x4_layout: bool = False,
-            enable_pdl: Optional[bool] = None,
-        ) -> Tuple[torch.Tensor, torch.Tensor]:
+            enable_pdl: Optional[bool] = None,  # noqa: UP045
+        ) -> Tuple[torch.Tensor, torch.Tensor]:  # noqa: UP006
             return public(
                 input,
                 global_scale,
@@ -162,7 +163,7 @@ def _build(entry: str, arch: str, module_name: Optional[str], report: dict):
     raise ValueError(f"unknown entry {entry!r}")
 
 
-def probe(entry: str, arch: str, module_name: Optional[str], assume_cuda: str = "") -> dict:
+def probe(entry: str, arch: str, module_name: str | None, assume_cuda: str = "") -> dict:
     report: dict = {
         "traceable": None,
         "error_type": "",
@@ -236,7 +237,7 @@ def probe(entry: str, arch: str, module_name: Optional[str], assume_cuda: str = 
     return report
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entry", required=True, choices=("plain", "custom-op", "sglang-op"))
     parser.add_argument("--arch", required=True, help="compute capability without the dot, e.g. 100, 120")
@@ -254,4 +255,7 @@ def main(argv: Optional[list] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # The report is out and flushed. Skip interpreter teardown: with a CUDA build of torch and dynamo
+    # loaded it can take longer than the probe itself.
+    os._exit(code)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from servematrix import flagsurface
 from servematrix.stages import probe
@@ -26,7 +27,7 @@ from servematrix.stages.probe import flag_check, trace_probe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-VERSIONS = ("0.5.6", "0.5.9", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.17", "0.5.23")
+VERSIONS = ("0.5.6", "0.5.9", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.17", "0.5.21", "0.5.22", "0.5.23")
 PIECEWISE_FLAGS = (
     "--enable-piecewise-cuda-graph",
     "--enforce-piecewise-cuda-graph",
@@ -48,7 +49,9 @@ EXPECTED_PIECEWISE = {
     "0.5.13": (D, A, A, A, A, A),
     "0.5.14": (X, D, D, D, D, D),  # --enable-... removed; the rest become deprecated aliases
     "0.5.17": (X, D, D, D, D, D),
-    "0.5.23": (X, X, X, X, X, X),  # the aliases are gone from 0.5.20
+    "0.5.21": (X, X, X, X, X, X),  # the aliases are gone from 0.5.20
+    "0.5.22": (X, X, X, X, X, X),
+    "0.5.23": (X, X, X, X, X, X),
 }
 
 
@@ -77,10 +80,11 @@ def test_piecewise_flags_per_release(surfaces, version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_cuda_graph_backend_prefill_from_0_5_14(surfaces, version):
     surface = surfaces[version]
-    if version in ("0.5.14", "0.5.17"):
+    if version in ("0.5.14", "0.5.17", "0.5.21"):
         assert "tc_piecewise" in surface.choices["--cuda-graph-backend-prefill"]
         assert "disabled" in surface.choices["--cuda-graph-backend-prefill"]
-    elif version == "0.5.23":
+    elif version in ("0.5.22", "0.5.23"):
+        # The domain notes date the removal of tc_piecewise to 0.5.23; the 0.5.22 wheel already has it.
         assert surface.choices["--cuda-graph-backend-prefill"] == ("full", "breakable", "disabled")
         bad = flagsurface.invalid_choices(["--cuda-graph-backend-prefill", "tc_piecewise"], surface.choices)
         assert bad == [("--cuda-graph-backend-prefill", "tc_piecewise")]
@@ -93,7 +97,7 @@ def test_dsa_replaces_nsa_backend_flags_from_0_5_13(surfaces, version):
     surface = surfaces[version]
     older = version in ("0.5.6", "0.5.9", "0.5.10", "0.5.12")
     assert state(surface, "--dsa-decode-backend") == (X if older else A)
-    expected_nsa = A if older else (X if version == "0.5.23" else D)
+    expected_nsa = A if older else (X if Version(version) >= Version("0.5.20") else D)
     assert state(surface, "--nsa-decode-backend") == expected_nsa
 
 
@@ -113,7 +117,7 @@ def glm5_b200_argv(version: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("version", ["0.5.9", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.17", "0.5.23"])
+@pytest.mark.parametrize("version", VERSIONS[1:])
 def test_glm5_cookbook_argv_is_accepted(surfaces, wheel_cache, version):
     check = flag_check(sglang_version=version, argv=glm5_b200_argv(version), cache_dir=wheel_cache)
     assert check.ok, check.evidence
@@ -207,6 +211,8 @@ def test_flashinfer_0_6_12_plain_getter_is_still_untraceable(probe_cache):
 def test_a_second_probe_is_served_from_the_cache(probe_cache):
     first = timed_probe(probe_cache, "0.6.12", "custom-op", "100")
     started = time.monotonic()
-    again = trace_probe(torch_version=TORCH, flashinfer_version="0.6.12", entry="custom-op", arch="100", cache_dir=probe_cache)
+    again = trace_probe(
+        torch_version=TORCH, flashinfer_version="0.6.12", entry="custom-op", arch="100", cache_dir=probe_cache
+    )
     assert again.cached and again.traceable is first.traceable
     assert time.monotonic() - started < 1.0

@@ -159,7 +159,7 @@ def test_bool_fields_have_no_choices(fields):
 
 
 def test_missing_server_args_is_an_error():
-    with pytest.raises(FlagSurfaceError, match="server_args.py"):
+    with pytest.raises(FlagSurfaceError, match=r"server_args\.py"):
         surface_from_sources({"sglang/__init__.py": ""})
 
 

@@ -108,8 +108,9 @@ def test_unknown_feature():
         ("0.5.10", True, True),
         ("0.5.14", True, True),
         ("0.5.15", True, False),  # default prefill backend becomes breakable
-        ("0.5.22", True, False),
-        ("0.5.23", None, None),  # tc_piecewise removed
+        ("0.5.21", True, False),
+        ("0.5.22", None, None),  # tc_piecewise removed (the 0.5.22 wheel, not 0.5.23 as first noted)
+        ("0.5.23", None, None),
     ],
 )
 def test_piecewise_traces_with_dynamo(sglang, piecewise, default):
@@ -171,7 +172,9 @@ TRACEABLE = {
 
 def test_untraceable_result_carries_the_dynamo_evidence_and_is_cached(tmp_path, monkeypatch):
     fake = FakeProbe(monkeypatch, UNTRACEABLE)
-    first = trace_probe(torch_version="2.13.0", flashinfer_version="0.6.3", entry="plain", arch="120", cache_dir=tmp_path)
+    first = trace_probe(
+        torch_version="2.13.0", flashinfer_version="0.6.3", entry="plain", arch="120", cache_dir=tmp_path
+    )
     assert first.traceable is False and not first.cached
     assert "Attempted to call function marked as skipped" in first.evidence
     assert first.torch == "2.13.0+cpu" and first.arch == "120" and first.error == ""
@@ -179,7 +182,9 @@ def test_untraceable_result_carries_the_dynamo_evidence_and_is_cached(tmp_path, 
     assert argv[argv.index("--module") + 1] == "flashinfer.fp4_quantization"
     assert argv[argv.index("--assume-cuda") + 1] == "13.0"
 
-    again = trace_probe(torch_version="2.13.0", flashinfer_version="0.6.3", entry="plain", arch="sm_120", cache_dir=tmp_path)
+    again = trace_probe(
+        torch_version="2.13.0", flashinfer_version="0.6.3", entry="plain", arch="sm_120", cache_dir=tmp_path
+    )
     assert again.cached and len(fake.runs) == 1
     assert again == ProbeResult(**{**first.__dict__, "cached": True})
 
@@ -232,7 +237,9 @@ def test_an_inconclusive_probe_is_not_cached(tmp_path, monkeypatch):
 
 def test_a_crashed_probe_script_is_an_error(tmp_path, monkeypatch):
     FakeProbe(monkeypatch, None, stdout="", returncode=1)
-    result = trace_probe(torch_version="2.13.0", flashinfer_version="0.6.3", entry="plain", arch="120", cache_dir=tmp_path)
+    result = trace_probe(
+        torch_version="2.13.0", flashinfer_version="0.6.3", entry="plain", arch="120", cache_dir=tmp_path
+    )
     assert result.traceable is None and "no report (exit 1)" in result.error and "warning" in result.error
 
 
@@ -241,7 +248,9 @@ def test_a_failed_venv_build_is_an_error(tmp_path, monkeypatch):
         raise probe._EnvError("probe venv: `uv pip install` failed: No solution found")
 
     monkeypatch.setattr(probe, "_ensure_env", broken)
-    result = trace_probe(torch_version="2.13.0", flashinfer_version="9.9", entry="plain", arch="120", cache_dir=tmp_path)
+    result = trace_probe(
+        torch_version="2.13.0", flashinfer_version="9.9", entry="plain", arch="120", cache_dir=tmp_path
+    )
     assert result.traceable is None and "No solution found" in result.error
     assert not (tmp_path / "probe" / "results").exists()
 
@@ -298,7 +307,9 @@ def test_venv_is_built_once_with_the_pair(tmp_path, monkeypatch, installer):
 
     monkeypatch.setattr(probe, "_run", run)
     for _ in range(2):
-        python = probe._ensure_env(tmp_path / "env", torch_version="2.13.0", flashinfer_version="0.6.3", data=probe._data())
+        python = probe._ensure_env(
+            tmp_path / "env", torch_version="2.13.0", flashinfer_version="0.6.3", data=probe._data()
+        )
     assert python == tmp_path / "env" / "bin" / "python"
     assert len(calls) == 2  # create + install, once
     install = calls[1]

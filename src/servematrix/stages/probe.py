@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -285,9 +286,7 @@ def probe_cell(
     )
 
 
-def trace_probe(
-    *, torch_version: str, flashinfer_version: str, entry: str, arch: str, cache_dir: Path
-) -> ProbeResult:
+def trace_probe(*, torch_version: str, flashinfer_version: str, entry: str, arch: str, cache_dir: Path) -> ProbeResult:
     """Does `entry` trace under torch.compile(fullgraph=True) with this torch and flashinfer?"""
     if entry not in ENTRIES:
         raise ValueError(f"unknown probe entry {entry!r}; expected one of {ENTRIES}")
@@ -303,11 +302,11 @@ def trace_probe(
 
     started = time.monotonic()
 
-    def finish(**fields) -> ProbeResult:
-        base = dict(
-            traceable=None, entry=entry, torch=torch_version, flashinfer=flashinfer_version, arch=arch,
-            evidence="", error="", cached=False,
-        )  # fmt: skip
+    def finish(**fields: Any) -> ProbeResult:
+        base: dict[str, Any] = {
+            "traceable": None, "entry": entry, "torch": torch_version, "flashinfer": flashinfer_version,
+            "arch": arch, "evidence": "", "error": "", "cached": False,
+        }  # fmt: skip
         base.update(fields)
         return ProbeResult(seconds=round(time.monotonic() - started, 2), **base)
 
@@ -442,7 +441,16 @@ def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, d
         else:
             steps = [
                 [_base_python(), "-m", "venv", str(env_dir)],
-                [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input", *packages],
+                [
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    *packages,
+                ],
             ]
         for step in steps:
             run = _run(step, timeout_s=data.install_timeout_s, env=_install_env())
