@@ -244,7 +244,7 @@ def _array_script(options: SubmitOptions, gpu: str, name: str, tasks: int, gpus:
         "i=${SLURM_ARRAY_TASK_ID:?run this script with sbatch, as an array task}",
         f'shard="$((i + 1))/{tasks}"',
         f"store={store}",
-        f'echo "servematrix: {name} task $i: shard $shard -> $store"',
+        f'echo "servematrix: {name} task $i: shard $shard -> $store" >&2',
         "exec " + _shell([*options.launcher, *argv]),
         "",
     ]

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The aggregate job of .github/workflows/matrix.yml: merge the run jobs' stores, write the table.
+#   bash ci/github/aggregate.sh STORES_DIR OUT.sqlite DOCS_DIR
+# A job that failed or timed out still uploaded what it finished; a store that arrived twice (a re-run
+# attempt) merges to the same rows.
+set -euo pipefail
+stores_dir=${1:?STORES_DIR} out=${2:?OUT.sqlite} docs=${3:?DOCS_DIR}
+
+shopt -s nullglob
+stores=("$stores_dir"/*.sqlite)
+if [ "${#stores[@]}" -eq 0 ]; then
+  echo "::error::no run job uploaded a store to merge"
+  exit 1
+fi
+servematrix merge "$out" "${stores[@]}"
+servematrix report --store "$out" --out "$docs"
+# The table is the site's front page unless the docs have one.
+if [ ! -e "$docs/index.md" ]; then cp "$docs/compatibility.md" "$docs/index.md"; fi
+if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then cat "$docs/compatibility.md" >>"$GITHUB_STEP_SUMMARY"; fi
