@@ -14,6 +14,4 @@ if [ "${#stores[@]}" -eq 0 ]; then
 fi
 servematrix merge "$out" "${stores[@]}"
 servematrix report --store "$out" --out "$docs"
-# The table is the site's front page unless the docs have one.
-if [ ! -e "$docs/index.md" ]; then cp "$docs/compatibility.md" "$docs/index.md"; fi
 if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then cat "$docs/compatibility.md" >>"$GITHUB_STEP_SUMMARY"; fi
