@@ -253,6 +253,13 @@ class NixBackend:
     def reap_orphans(self) -> list[str]:
         return self.runner.reap_orphans()
 
+    def __getattr__(self, name: str) -> Any:
+        # Any other public hook of the container backend (the pipeline may grow more) applies unchanged:
+        # once loaded, a Nix-built image is an ordinary image of that engine.
+        if name.startswith("_") or name == "runner":
+            raise AttributeError(name)
+        return getattr(self.runner, name)
+
 
 def nix_backend(
     workdir: Path,
