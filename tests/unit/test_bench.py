@@ -162,8 +162,9 @@ def test_latencies_are_measured_from_content_chunks(fake):
     w = _workload(concurrency=(1,), prompts_per_concurrency=2, warmup=0, repeats=1, output_len=5)
     run = run_workload_sync(fake.base_url, "m", w).levels[0].runs[0]
     assert run.ttft.count == 2 and run.ttft.p50 >= 0.05  # the role chunk, sent at once, is not content
-    assert run.itl.count == 2 * 4 and run.itl.p50 >= 0.009
-    assert run.e2e.p50 >= run.ttft.p50 + 4 * 0.009
+    # The server sleeps 10 ms between chunks; under load, reads can bunch up on the client, so bounds are loose.
+    assert run.itl.count == 2 * 4 and run.itl.mean >= 0.005
+    assert run.e2e.p50 >= 0.05 + 4 * 0.01
 
 
 def test_reasoning_deltas_count_for_latencies(fake):
