@@ -247,8 +247,9 @@ def test_html_is_self_contained_and_carries_every_cell(tmp_path: Path):
         assert text in html, text
     assert "1.20×" in html
     # Predicted against observed.
-    assert "predicted <code>predicted-fail:dynamo-untraceable</code>" in html
-    assert "not run" in html
+    predicted = re.search(r'<span class="pred pred-predicted"[^>]*>\s*(.*?)\s*</span>', html, re.S)
+    assert predicted and re.sub(r"\s+", " ", predicted.group(1)) == "<code>fail:dynamo-untraceable</code> / not run"
+    assert 'class="pred pred-observed"' in html
 
 
 def test_predicted_versus_observed():

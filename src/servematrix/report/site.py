@@ -74,18 +74,19 @@ def build_report(
     baseline: Path | None,
     results: Path | None = None,
     title: str = "Compatibility",
+    markdown_name: str = MARKDOWN_NAME,
 ) -> ReportResult:
     """Write the report for `rows` under `out_dir`, comparing with the published record at `baseline`.
 
-    `results` is where the new record goes (default `out_dir/results/latest.json`). It may be the baseline
-    itself: the baseline is read first, and the record keeps what each cell was compared with, so building
+    `results` is where the new record goes (default `out_dir/results/latest.json`); `markdown_name` names
+    the table's file (`servematrix run --report PATH` picks it). The record may be the baseline itself: the baseline is read first, and the record keeps what each cell was compared with, so building
     the same report twice flags the same regressions."""
     previous = load_export(baseline) if baseline is not None else None
     regressions = tuple(detect_regressions(rows, previous))
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(rows, out_dir / "plots")
     classes = failure_classes(rows)
-    failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR)
+    failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR, table=markdown_name)
     shown_baseline = _shown(baseline, out_dir) if previous is not None else None
     extras = Extras(
         failure_pages={cls: f"{FAILURES_DIR}/{_page_name(cls)}" for cls in classes},
@@ -97,7 +98,7 @@ def build_report(
         html=HTML_NAME,
         baseline=shown_baseline,
     )
-    md_path = markdown.write(rows, out_dir / MARKDOWN_NAME, title, extras)
+    md_path = markdown.write(rows, out_dir / markdown_name, title, extras)
     html_path = _write_text(
         out_dir / HTML_NAME,
         render_html(rows, title=title, plots=plots, regressions=regressions, baseline=shown_baseline),
@@ -182,7 +183,9 @@ def _page_name(cls: str) -> str:
     return f"{cls}.md"
 
 
-def write_failure_pages(classes: Mapping[str, FailureClass], rows: Sequence[Row], out_dir: Path) -> list[Path]:
+def write_failure_pages(
+    classes: Mapping[str, FailureClass], rows: Sequence[Row], out_dir: Path, *, table: str = MARKDOWN_NAME
+) -> list[Path]:
     """`<class>.md` for every class (explanation and workaround from the signature data, then the cells that
     failed with it) and `index.md`. Pages of classes that no longer exist are removed."""
     env = _environment()
@@ -196,7 +199,9 @@ def write_failure_pages(classes: Mapping[str, FailureClass], rows: Sequence[Row]
     page = env.get_template("failure.md.j2")
     for cls in classes.values():
         cells = [_failure_cell(row) for row in sorted(by_class.get(cls.id, []), key=_failure_order)]
-        written.append(_write_text(out_dir / _page_name(cls.id), page.render(cls=cls, cells=cells, html=HTML_NAME)))
+        written.append(
+            _write_text(out_dir / _page_name(cls.id), page.render(cls=cls, cells=cells, html=HTML_NAME, table=table))
+        )
     index = env.get_template("failures-index.md.j2").render(
         classes=list(classes.values()), counts={cls: len(rows) for cls, rows in by_class.items()}
     )

@@ -160,4 +160,10 @@
   window.addEventListener("hashchange", openTarget);
   openTarget();
   document.documentElement.setAttribute("data-ready", "1");
+  // For people and tests alike: how many plots the browser could actually decode.
+  window.addEventListener("load", function () {
+    var images = Array.prototype.slice.call(document.querySelectorAll("figure.plot img"));
+    var drawn = images.filter(function (img) { return img.complete && img.naturalWidth > 0; }).length;
+    document.documentElement.setAttribute("data-plots", drawn + "/" + images.length);
+  });
 })();
