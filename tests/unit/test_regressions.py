@@ -156,7 +156,7 @@ def test_the_record_keeps_no_host_paths_and_pids(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(tmp_path)
     model = tmp_path / ".servematrix" / "models" / "tiny-llama"
     r = row(
-        levels=[level(1, 1, 2, 3)],
+        metrics={"model": str(model), "base_url": "http://127.0.0.1:4000", "levels": [level(1, 1, 2, 3)]},
         argv=["transformers", "serve", str(model), "--port", "4000", "/models/glm5"],
         log_path=str(tmp_path / "logs" / "c1.log"),
         server_pid=123,

@@ -122,10 +122,10 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
         any_row = next(iter(cells.values()))
         line = [_axis(any_row, a) for a in axes]
         for mode in modes:
-            row = cells.get(mode)
-            regressed = extras.regressed(row["cell_id"]) if row else []
-            line.append(_verdict(row, extras.failure_pages, flagged=any(r.kind == "verdict" for r in regressed)))
-            values = tok_s(row) if row else {}
+            cell = cells.get(mode)
+            regressed = extras.regressed(cell["cell_id"]) if cell else []
+            line.append(_verdict(cell, extras.failure_pages, flagged=any(r.kind == "verdict" for r in regressed)))
+            values = tok_s(cell) if cell else {}
             slower = {r.concurrency for r in regressed if r.kind == "throughput"}
             line += [
                 (f"{values[c]:,.0f}" + (f" {REGRESSED}" if c in slower else "")) if c in values else "—"

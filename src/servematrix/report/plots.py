@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -28,7 +29,7 @@ from servematrix.store import Row
 HEATMAP_AXIS = {"sglang": "flashinfer"}
 MODE_STYLES = ("-", "--", ":", "-.")
 STATUS_COLORS = {"fail": "#f4c7c3", "n/a": "#eeeeee", "none": "#ffffff"}
-STYLE = {
+STYLE: Any = {  # rc parameters (matplotlib types their names as literals)
     "svg.hashsalt": "servematrix",
     "svg.fonttype": "none",
     "font.size": 9,

@@ -110,7 +110,7 @@ def export_results(
     for row in sorted(rows, key=lambda r: (r["matrix"], r["env_id"], r["mode"])):
         entry = {key: row.get(key) for key in EXPORTED if key != "prediction" or row.get(key) is not None}
         entry["argv"] = portable_argv(row.get("argv") or [], base)
-        entry["metrics"] = _trim_metrics(row.get("metrics"))
+        entry["metrics"] = _trim_metrics(row.get("metrics"), base)
         reference = _reference(row, previous)
         entry["previous"] = _summary(reference) if reference else None
         cells[row["cell_id"]] = entry
@@ -158,10 +158,12 @@ def portable_argv(argv: Iterable[str], root: Path) -> list[str]:
     return out
 
 
-def _trim_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _trim_metrics(metrics: Mapping[str, Any] | None, root: Path) -> dict[str, Any] | None:
     if not metrics:
         return None
     trimmed: dict[str, Any] = {k: metrics[k] for k in METRIC_FIELDS if k in metrics}
+    if isinstance(trimmed.get("model"), str):  # the request's model field: a local path for transformers serve
+        trimmed["model"] = portable_argv([trimmed["model"]], root)[0]
     trimmed["workload"] = metrics.get("workload")
     trimmed["levels"] = [
         {

@@ -87,7 +87,7 @@ def build_report(
     plots = write_plots(rows, out_dir / "plots")
     classes = failure_classes(rows)
     failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR, table=markdown_name)
-    shown_baseline = _shown(baseline, out_dir) if previous is not None else None
+    shown_baseline = _shown(baseline, out_dir) if baseline is not None and previous is not None else None
     extras = Extras(
         failure_pages={cls: f"{FAILURES_DIR}/{_page_name(cls)}" for cls in classes},
         regressions=regressions,
@@ -197,11 +197,10 @@ def write_failure_pages(
             by_class.setdefault(cls, []).append(row)
     written = []
     page = env.get_template("failure.md.j2")
-    for cls in classes.values():
-        cells = [_failure_cell(row) for row in sorted(by_class.get(cls.id, []), key=_failure_order)]
-        written.append(
-            _write_text(out_dir / _page_name(cls.id), page.render(cls=cls, cells=cells, html=HTML_NAME, table=table))
-        )
+    for entry in classes.values():
+        cells = [_failure_cell(row) for row in sorted(by_class.get(entry.id, []), key=_failure_order)]
+        text = page.render(cls=entry, cells=cells, html=HTML_NAME, table=table)
+        written.append(_write_text(out_dir / _page_name(entry.id), text))
     index = env.get_template("failures-index.md.j2").render(
         classes=list(classes.values()), counts={cls: len(rows) for cls, rows in by_class.items()}
     )
