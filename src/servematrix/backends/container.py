@@ -110,7 +110,7 @@ class ContainerBackend:
         if tool not in TOOLS:
             raise ValueError(f"tool must be one of {TOOLS}, not {tool!r}")
         self.tool: Tool = tool
-        self.name = tool
+        self.name: str = tool
         self.root = root
         self.targets = dict(targets or {})
         self.base_image = base_image

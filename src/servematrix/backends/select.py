@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.backends import Backend
-from servematrix.backends.container import BASE_IMAGE_ENV, EXTRA_CA_ENV, TOOLS, ContainerBackend, targets_from_plan
+from servematrix.backends.container import (
+    BASE_IMAGE_ENV,
+    EXTRA_CA_ENV,
+    TOOLS,
+    ContainerBackend,
+    Tool,
+    targets_from_plan,
+)
 from servematrix.backends.venv import VenvBackend
 from servematrix.errors import InputError
 
@@ -65,20 +72,21 @@ def select_backend(
         raise InputError(f"--backend {name!r}: unknown backend (choices: {', '.join(CHOICES)})")
     if name == "venv":
         return VenvBackend(workdir / "envs")
+    tool: Tool | None
     if name == "auto":
         tool = next((t for t in TOOLS if probe(t) is None), None)
-        if tool is None:
-            return VenvBackend(workdir / "envs")
     else:
         why = probe(name)
         if why is not None:
             raise InputError(f"--backend {name}: {name} is not usable here: {why}")
-        tool = name
+        tool = next(t for t in TOOLS if t == name)
+    if tool is None:
+        return VenvBackend(workdir / "envs")
     ca = extra_ca_bundle or _path_from_env(EXTRA_CA_ENV)
     if ca is not None and not ca.is_file():
         raise InputError(f"extra CA bundle {ca} is not a file (from --extra-ca-bundle or {EXTRA_CA_ENV})")
     return ContainerBackend(
-        tool,  # type: ignore[arg-type]
+        tool,
         workdir / "images",
         targets=targets_from_plan(plan) if plan is not None else None,
         base_image=base_image or os.environ.get(BASE_IMAGE_ENV) or None,
