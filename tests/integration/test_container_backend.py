@@ -32,7 +32,8 @@ from servematrix.store import Store
 from servematrix.tinymodel import is_built
 from tests.conftest import MATRIX
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# The first test also waits for the session's image build: ~4 min on an idle 2-core machine, ~10 min loaded.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 BASE_IMAGE = os.environ.get("SERVEMATRIX_BASE_IMAGE", "localhost/bookworm-base")
 GOOD = "transformers=5.24.0"
