@@ -13,6 +13,7 @@ from pathlib import Path
 
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.pipeline import STAGES
+from servematrix.slurm import add_submit_parser
 from servematrix.store import DEFAULT_STORE
 
 DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("--engine", default="sglang")
     classify.add_argument("--format", choices=("text", "json"), default="text")
     classify.set_defaults(handler=cmd_classify)
+    add_submit_parser(commands)
     return parser
 
 

@@ -83,15 +83,19 @@ def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console
 def reap_orphans(store: Store) -> list[int]:
     """Rows left `running` by a harness that no longer exists: kill their server groups, mark them interrupted."""
     killed: list[int] = []
+    here = hostinfo.host().hostname
     for row in store.running():
+        if (row.get("host") or {}).get("hostname") not in (None, here):
+            continue  # a row merged from another machine: its pids mean nothing here
         owner = row.get("harness_pid")
         if owner and owner != os.getpid() and psutil.pid_exists(owner):
             continue  # another live harness owns it
         pid, pgid = row.get("server_pid"), row.get("server_pgid")
         if pid and _is_server(pid, row.get("argv") or []):
             killed += serve.kill_tree(pid, pgid, grace_s=5.0)
-        elif pgid:
-            killed += serve.kill_tree(pgid, pgid, grace_s=5.0) if _is_server(pgid, row.get("argv") or []) else []
+        elif pgid and not psutil.pid_exists(pgid):
+            # The leader is gone but its workers (e.g. sglang schedulers) may live on in its group.
+            killed += serve.kill_tree(pgid, pgid, grace_s=5.0)
         store.finish(
             row["run_id"], row["cell_id"], verdict="interrupted", excerpt="the harness stopped while this cell ran"
         )

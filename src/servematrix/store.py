@@ -191,7 +191,14 @@ class Store:
         try:
             with self._transaction() as db:
                 names = ", ".join(COLUMNS)
-                db.execute(f"INSERT OR IGNORE INTO cell_runs ({names}) SELECT {names} FROM other.cell_runs")
+                updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c not in ("run_id", "cell_id"))
+                # A row merged while its cell still ran is completed by a later merge; a finished row is
+                # never rewritten. (`WHERE true` lets SQLite's parser accept the upsert after a SELECT.)
+                db.execute(
+                    f"INSERT INTO cell_runs ({names}) SELECT {names} FROM other.cell_runs WHERE true"
+                    f" ON CONFLICT (run_id, cell_id) DO UPDATE SET {updates}"
+                    " WHERE cell_runs.status = 'running' AND excluded.status = 'finished'"
+                )
         finally:
             self._db.execute("DETACH DATABASE other")
         return self._db.total_changes - before
