@@ -40,6 +40,14 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def docs(session: nox.Session) -> None:
+    """The docs site: the generated report pages (servematrix report), then mkdocs build --strict into site/."""
+    session.install(".", "mkdocs-material>=9.5")
+    session.run("servematrix", "report", *session.posargs)
+    session.run("mkdocs", "build", "--strict")
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) and mypy."""
     session.install("-e", ".", "ruff>=0.6", "mypy>=1.11", "types-psutil")

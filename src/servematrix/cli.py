@@ -18,6 +18,9 @@ from servematrix.store import DEFAULT_STORE
 
 DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
 DEFAULT_REPORT = Path("docs/compatibility.md")
+# The published results a report is compared with, and rewritten: results/latest.json beside the table.
+RESULTS = Path("results/latest.json")
+EXIT_REGRESSION = 3
 EPILOG = """\
 examples:
   servematrix plan matrix/glm5-nvfp4.toml --select 'sglang>=0.5.10' --select mode=piecewise
@@ -94,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--backend",
-        choices=("auto", "venv"),
+        choices=("auto", "podman", "docker", "venv", "nix"),
         default="auto",
         help="where environments are built and servers run (auto: the best available)",
     )
@@ -116,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"write the compatibility table here after the run (default: {DEFAULT_REPORT})",
     )
     run.add_argument("--no-report", dest="report", action="store_const", const=None, help="do not write the table")
+    _regression_args(run)
     run.set_defaults(handler=cmd_run)
 
     lock = commands.add_parser(
@@ -131,11 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("--format", choices=("table", "json"), default="table")
     lock.set_defaults(handler=cmd_lock)
 
-    report = commands.add_parser("report", help="write the compatibility table from a store")
+    report = commands.add_parser(
+        "report",
+        help="write the compatibility table, HTML page, plots and failure pages from a store",
+        description="Without a store, the published results (--baseline) are rendered again.",
+    )
     report.add_argument("--store", type=Path, default=DEFAULT_STORE)
     report.add_argument(
         "--out", type=Path, default=DEFAULT_REPORT.parent, help=f"output directory (default: {DEFAULT_REPORT.parent})"
     )
+    _regression_args(report)
     report.set_defaults(handler=cmd_report)
 
     merge = commands.add_parser("merge", help="merge shard stores into one (idempotent)")
@@ -167,6 +176,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _regression_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help=f"published results to compare with and rewrite (default: {RESULTS} beside the table)",
+    )
+    parser.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help=f"exit {EXIT_REGRESSION} when a cell regressed against the published results (for CI)",
+    )
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from servematrix.plan import github_matrix, make_plan, plan_json, print_table
 
@@ -193,10 +215,14 @@ def _stages(text: str) -> tuple[str, ...]:
     return tuple(s for s in STAGES if s in wanted)
 
 
-def _backend(name: str, workdir: Path):  # type: ignore[no-untyped-def]
-    from servematrix.backends.venv import VenvBackend
+def _backend(name: str, workdir: Path, plan):  # type: ignore[no-untyped-def]
+    if name == "nix":
+        from servematrix.backends.nix import nix_backend
 
-    return VenvBackend(workdir / "envs")
+        return nix_backend(workdir, plan=plan)
+    from servematrix.backends.select import select_backend
+
+    return select_backend(name, workdir=workdir, plan=plan)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -210,38 +236,58 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        summary = run_plan(plan, _backend(args.backend, args.workdir), options)
+        summary = run_plan(plan, _backend(args.backend, args.workdir, plan), options)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if args.report is not None:
-        _write_report(args.store, args.report)
+    regressions = _write_report(args.store, args.report, args.baseline) if args.report is not None else []
     print(
         f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run, {summary.skipped_unchanged} unchanged; "
         f"store {args.store}",
         file=sys.stderr,
     )
-    return 0
+    return _regression_exit(regressions, args.fail_on_regression)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _write_report(store_path: Path, out: Path) -> None:
-    from servematrix.report import markdown
+def _write_report(store_path: Path | None, out: Path, baseline: Path | None) -> list:  # type: ignore[type-arg]
+    """The whole report beside `out` (the table's path); rows from the store, or else the published results."""
+    from servematrix.report.regressions import load_export, published_rows
+    from servematrix.report.site import build_report
     from servematrix.store import Store
 
-    with Store(store_path) as store:
-        rows = store.latest()
-    markdown.write(rows, out)
-    print(f"wrote {out}", file=sys.stderr)
+    baseline = baseline or out.parent / RESULTS
+    try:
+        published = load_export(baseline)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if store_path is not None and store_path.is_file():
+        with Store(store_path) as store:
+            rows = store.latest()
+    elif published is not None:
+        rows = published_rows(published)
+        print(f"no store {store_path}: rendering the published results {baseline}", file=sys.stderr)
+    else:
+        raise InputError(f"{store_path}: no such store and no published results at {baseline} (run first)")
+    result = build_report(rows, out.parent, baseline=baseline, results=baseline, markdown_name=out.name)
+    print(f"wrote {result.markdown}, {result.html}, {len(result.plots)} plot(s), {result.results}", file=sys.stderr)
+    for regression in result.regressions:
+        print(f"servematrix: 🔻 {regression}", file=sys.stderr)
+    return list(result.regressions)
+
+
+def _regression_exit(regressions: list, fail: bool) -> int:  # type: ignore[type-arg]
+    if regressions and fail:
+        print(f"servematrix: {len(regressions)} regression(s); --fail-on-regression", file=sys.stderr)
+        return EXIT_REGRESSION
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if not args.store.is_file():
-        raise InputError(f"{args.store}: no such store (run `servematrix run` first, or pass --store)")
-    _write_report(args.store, args.out / "compatibility.md")
-    return 0
+    regressions = _write_report(args.store, args.out / "compatibility.md", args.baseline)
+    return _regression_exit(regressions, args.fail_on_regression)
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

@@ -32,7 +32,12 @@ def builder_script(engine: Engine, builder: str) -> Path:
 
 
 def ensure_model(
-    path: Path, *, builder: str, engine: Engine, python: Callable[[tuple[Path, ...]], Sequence[str]], timeout_s: float = 600
+    path: Path,
+    *,
+    builder: str,
+    engine: Engine,
+    python: Callable[[tuple[Path, ...]], Sequence[str]],
+    timeout_s: float = 600,
 ) -> Path:
     """Build the model at `path` unless it is already built from the same inputs; return its absolute path."""
     from servematrix import tinymodel

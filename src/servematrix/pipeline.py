@@ -71,6 +71,9 @@ def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console
     store = Store(options.store)
     try:
         summary.reaped = reap_orphans(store)
+        reap_containers = getattr(backend, "reap_orphans", None)
+        if reap_containers is not None:
+            reap_containers()
         if summary.reaped:
             console.print(f"[yellow]killed {len(summary.reaped)} orphaned server process(es) of an earlier run[/]")
         runner = _Runner(plan=plan, backend=backend, options=options, store=store, console=console, summary=summary)
@@ -329,6 +332,12 @@ class _Runner:
             raise
         except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
             result = verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
+        finally:
+            # Killing a `podman run` client only forwards SIGTERM: a hung server would keep its container
+            # (and GPUs). Backends that own such resources remove them here.
+            stop = getattr(self.backend, "stop", None)
+            if stop is not None:
+                stop(launch)
         self.store.finish(
             run_id,
             cell.id,

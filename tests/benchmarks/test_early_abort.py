@@ -25,13 +25,26 @@ DEADLINE_S = 600.0
 def _abort_latency(tmp_path: Path) -> float:
     port = free_port()
     launch = LaunchSpec(
-        argv=(sys.executable, str(FAKE), "--port", str(port), "--replay", str(LOG), "--after", str(CRASH_AFTER_S),
-              "--then", "hang", "--child"),
-        env=dict(os.environ), owns_listener=True,
+        argv=(
+            sys.executable,
+            str(FAKE),
+            "--port",
+            str(port),
+            "--replay",
+            str(LOG),
+            "--after",
+            str(CRASH_AFTER_S),
+            "--then",
+            "hang",
+            "--child",
+        ),
+        env=dict(os.environ),
+        owns_listener=True,
     )
     readiness = Readiness(path="/health_generate", interval_s=10.0, timeout_s=DEADLINE_S)
-    with Server(launch, engine="sglang", port=port, log_path=tmp_path / "fake.log", readiness=readiness,
-                timeout_s=DEADLINE_S) as server:
+    with Server(
+        launch, engine="sglang", port=port, log_path=tmp_path / "fake.log", readiness=readiness, timeout_s=DEADLINE_S
+    ) as server:
         ready = server.wait_ready()  # includes killing the tree: the runner's hours stop here
         decided = time.time()
         # The fatal line is written CRASH_AFTER_S after start; the log's mtime is when it landed.
@@ -50,5 +63,7 @@ def test_fatal_line_to_verdict(benchmark, tmp_path):
     worst = max(latencies)
     benchmark.extra_info["fatal_to_verdict_s"] = worst
     benchmark.extra_info["ratio_to_deadline"] = worst / DEADLINE_S
-    print(f"\nfatal line -> verdict: worst {worst:.2f} s (target <= 2 s); "
-          f"{worst / DEADLINE_S:.4f} of the {DEADLINE_S:.0f} s readiness deadline")
+    print(
+        f"\nfatal line -> verdict: worst {worst:.2f} s (target <= 2 s); "
+        f"{worst / DEADLINE_S:.4f} of the {DEADLINE_S:.0f} s readiness deadline"
+    )

@@ -43,8 +43,11 @@ def main() -> int:
         try:
             sock.bind((args.host, args.port))
         except OSError as exc:
-            print(f"ERROR: [Errno {exc.errno}] error while attempting to bind on address "
-                  f"('{args.host}', {args.port}): address already in use", flush=True)
+            print(
+                f"ERROR: [Errno {exc.errno}] error while attempting to bind on address "
+                f"('{args.host}', {args.port}): address already in use",
+                flush=True,
+            )
             return 1
         sock.close()
     if args.child:
@@ -65,7 +68,7 @@ def main() -> int:
 
 
 class _Ok(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"{}")

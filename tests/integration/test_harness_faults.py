@@ -39,10 +39,24 @@ def _matrix(project: Path) -> Path:
 
 def _harness(project: Path, cache: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "servematrix", "run", "matrix/cpu-smoke.toml", "--select", "transformers=5.24.0",
-         "--workdir", str(cache / "work"), "--store", "results.sqlite", "--no-report"],
-        cwd=project, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "servematrix",
+            "run",
+            "matrix/cpu-smoke.toml",
+            "--select",
+            "transformers=5.24.0",
+            "--workdir",
+            str(cache / "work"),
+            "--store",
+            "results.sqlite",
+            "--no-report",
+        ],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -87,8 +101,12 @@ def test_sigint_then_sigkill_then_resume(smoke_project, test_cache):
     # 2. SIGKILL once one cell has finished and the next one's server runs: the server is orphaned.
     harness = _harness(smoke_project, test_cache)
     first_run = _wait_for(smoke_project, lambda rows: {r["run_id"] for r in rows if r["verdict"] == "pass"})
-    victim = _wait_for(smoke_project, lambda rows: next(
-        (r for r in rows if r["status"] == "running" and r["server_pid"] and r["run_id"] in first_run), None))
+    victim = _wait_for(
+        smoke_project,
+        lambda rows: next(
+            (r for r in rows if r["status"] == "running" and r["server_pid"] and r["run_id"] in first_run), None
+        ),
+    )
     harness.kill()
     harness.wait(timeout=30)
     orphan = victim["server_pid"]

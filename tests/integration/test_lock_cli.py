@@ -13,10 +13,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_lock_json_contract_and_crossings(tmp_path, capsys):
-    code = main([
-        "lock", str(MATRIX / "glm5-nvfp4.toml"), "--select", "sglang=0.5.9|0.5.12", "--select", "gpu=b200",
-        "--out", str(tmp_path), "--format", "json",
-    ])
+    code = main(
+        [
+            "lock",
+            str(MATRIX / "glm5-nvfp4.toml"),
+            "--select",
+            "sglang=0.5.9|0.5.12",
+            "--select",
+            "gpu=b200",
+            "--out",
+            str(tmp_path),
+            "--format",
+            "json",
+        ]
+    )
     assert code == 0
     outcomes = json.loads(capsys.readouterr().out)
     assert len(outcomes) == 4
@@ -40,11 +50,26 @@ def test_lock_json_contract_and_crossings(tmp_path, capsys):
 
 def test_run_resolve_stage_records_unresolvable_without_further_stages(tmp_path, capsys):
     store = tmp_path / "s.sqlite"
-    code = main([
-        "run", str(MATRIX / "glm5-nvfp4.toml"), "--select", "sglang=0.5.9", "--select", "flashinfer=0.6.12",
-        "--select", "gpu=b200", "--lock-dir", str(tmp_path / "locks"), "--store", str(store),
-        "--workdir", str(tmp_path / "work"), "--report", str(tmp_path / "compat.md"),
-    ])
+    code = main(
+        [
+            "run",
+            str(MATRIX / "glm5-nvfp4.toml"),
+            "--select",
+            "sglang=0.5.9",
+            "--select",
+            "flashinfer=0.6.12",
+            "--select",
+            "gpu=b200",
+            "--lock-dir",
+            str(tmp_path / "locks"),
+            "--store",
+            str(store),
+            "--workdir",
+            str(tmp_path / "work"),
+            "--report",
+            str(tmp_path / "compat.md"),
+        ]
+    )
     assert code == 0
     from servematrix.store import Store
 

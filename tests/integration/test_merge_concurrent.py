@@ -111,11 +111,6 @@ def test_merges_at_the_same_time_lose_nothing(tmp_path, shards, expected, fresh)
     assert added == len(expected) - (ROWS_PER_SHARD if not fresh else 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Store.merge_from is INSERT OR IGNORE: a row merged while its cell was still running is never "
-    "completed by a later merge of the finished shard (fix reported on issue 8: upsert running -> finished)",
-)
 def test_a_shard_merged_while_its_task_ran_is_completed_by_the_next_merge(tmp_path):
     """A shard merged early (someone peeks while the tasks run) and again when its task has ended."""
     row = {

@@ -15,8 +15,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_cpu_smoke_runs_every_cell_and_writes_the_table(smoke_project, test_cache, capsys):
     args = [
-        "run", "matrix/cpu-smoke.toml", "--workdir", str(test_cache / "work"), "--store", "results.sqlite",
-        "--report", "compatibility.md",
+        "run",
+        "matrix/cpu-smoke.toml",
+        "--workdir",
+        str(test_cache / "work"),
+        "--store",
+        "results.sqlite",
+        "--report",
+        "compatibility.md",
     ]
     assert main(args) == 0
     with Store(smoke_project / "results.sqlite") as store:

@@ -57,6 +57,8 @@ def test_version_between_listed_rows_resolves_by_range():
     engine = load_spec(GLM5).engine
     assert engine.mode_flags_for("piecewise", "0.5.11").args == ("--enforce-piecewise-cuda-graph",)
     assert engine.mode_flags_for("piecewise", "0.5.20").args == ("--cuda-graph-backend-prefill", "tc_piecewise")
+    # The real 0.5.22 wheel already rejects tc_piecewise.
+    assert not engine.mode_flags_for("piecewise", "0.5.22").applicable
     assert engine.mode_flags_for("piecewise", "0.5.7").args == ("--enable-piecewise-cuda-graph",)
     assert not engine.mode_flags_for("piecewise", "0.5.3").applicable
     assert not engine.mode_flags_for("piecewise", "0.6.0").applicable

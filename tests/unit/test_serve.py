@@ -27,8 +27,12 @@ def _server(tmp_path: Path, *fake_args: str, timeout_s: float = 20.0, port: int 
         argv=(sys.executable, str(FAKE), "--port", str(port), *fake_args), env=dict(os.environ), owns_listener=True
     )
     return Server(
-        launch, engine="sglang", port=port, log_path=tmp_path / "server.log",
-        readiness=Readiness(path="/health_generate", interval_s=0.2, timeout_s=timeout_s), timeout_s=timeout_s,
+        launch,
+        engine="sglang",
+        port=port,
+        log_path=tmp_path / "server.log",
+        readiness=Readiness(path="/health_generate", interval_s=0.2, timeout_s=timeout_s),
+        timeout_s=timeout_s,
     )
 
 
@@ -49,8 +53,16 @@ def _all_gone(pids: list[int]) -> bool:
 
 def test_fatal_line_aborts_early_and_kills_a_hung_tree(tmp_path):
     server = _server(
-        tmp_path, "--replay", str(LOGS / "dynamo-untraceable-sglang-0.5.10.log"), "--after", "0.5",
-        "--then", "hang", "--child", "--ignore-term", timeout_s=120,
+        tmp_path,
+        "--replay",
+        str(LOGS / "dynamo-untraceable-sglang-0.5.10.log"),
+        "--after",
+        "0.5",
+        "--then",
+        "hang",
+        "--child",
+        "--ignore-term",
+        timeout_s=120,
     )
     with server:
         time.sleep(0.3)
@@ -93,7 +105,7 @@ def test_ready_when_it_answers(tmp_path):
 
 
 class _Foreign(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.send_response(200)
         self.end_headers()
 

@@ -14,8 +14,15 @@ from servematrix.store import Store
 
 def _row(run_id: str, cell_id: str, **extra):
     return {
-        "run_id": run_id, "cell_id": cell_id, "env_id": "e1", "engine": "transformers", "mode": "static",
-        "matrix": "m.toml", "axes": {"transformers": "5.24.0", "gpu": "cpu"}, "inputs_hash": "h1", **extra,
+        "run_id": run_id,
+        "cell_id": cell_id,
+        "env_id": "e1",
+        "engine": "transformers",
+        "mode": "static",
+        "matrix": "m.toml",
+        "axes": {"transformers": "5.24.0", "gpu": "cpu"},
+        "inputs_hash": "h1",
+        **extra,
     }
 
 
@@ -69,8 +76,11 @@ def test_reaper_kills_the_orphan_of_a_dead_harness(tmp_path):
     dead.wait()
     with Store(tmp_path / "s.sqlite") as store:
         store.start(
-            **_row("r1", "c1"), argv=[sys.executable, "-c", "import time; time.sleep(600)", "--fake-server-marker"],
-            harness_pid=dead.pid, server_pid=orphan.pid, server_pgid=orphan.pid,
+            **_row("r1", "c1"),
+            argv=[sys.executable, "-c", "import time; time.sleep(600)", "--fake-server-marker"],
+            harness_pid=dead.pid,
+            server_pid=orphan.pid,
+            server_pgid=orphan.pid,
         )
         killed = reap_orphans(store)
         assert orphan.pid in killed
