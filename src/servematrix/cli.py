@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lock-dir", type=Path, help="where locks are written (default: locks/ beside the matrix)")
     run.add_argument("--rerun", action="store_true", help="run cells again even if their inputs are unchanged")
     run.add_argument(
+        "--trust-probe",
+        action="store_true",
+        help="do not run GPU stages for cells the CPU probe predicts to fail (default: run them to check it)",
+    )
+    run.add_argument(
         "--report",
         type=Path,
         default=DEFAULT_REPORT,
@@ -232,7 +237,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     stages = _stages(args.stages)
     plan = make_plan(args.matrix, args.select, args.shard)
     options = RunOptions(
-        stages=stages, store=args.store, workdir=args.workdir, lock_dir=args.lock_dir, rerun=args.rerun
+        stages=stages,
+        store=args.store,
+        workdir=args.workdir,
+        lock_dir=args.lock_dir,
+        rerun=args.rerun,
+        trust_probe=args.trust_probe,
     )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

@@ -91,6 +91,8 @@ class Engine(_Data):
     axes: tuple[str, ...]
     modes: tuple[str, ...]
     pinnable: tuple[str, ...] = ()
+    preflight: tuple[str, ...] = ()  # CPU checks this engine supports: "flags", "trace"
+    trace_modes: tuple[str, ...] = ()  # modes whose capture goes through dynamo
     default_port: int
     requirements: Requirements
     env: dict[str, str] = {}

@@ -29,7 +29,7 @@ from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, ensure_model
 from servematrix.plan import Plan
-from servematrix.stages import bench, build, serve
+from servematrix.stages import bench, build, probe, serve
 from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store import Store
 from servematrix.verdict import Verdict
@@ -264,16 +264,60 @@ class _Runner:
         if ended is not None:
             self._record(cell, state, ended)
             return
-        if not self._gpu_ready(state.env):
+        prediction = self._probe(state, cell) if self._wants("probe") else None
+        if prediction is not None and prediction.kind == "fail":
+            self._record(cell, state, prediction)  # observed in the wheel: 0 GPU-seconds
+            return
+        if not self._gpu_ready(state.env) or (prediction is not None and self.options.trust_probe):
             kind = state.env.gpu
-            self._record(cell, state, verdict.skipped("no-gpu", excerpt=f"needs {kind.count}x {kind.arch}"))
+            self._record(
+                cell, state, prediction or verdict.skipped("no-gpu", excerpt=f"needs {kind.count}x {kind.arch}")
+            )
             return
         if not (self._wants("serve") and state.built is not None):
             self._record(cell, state, verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}"))
             return
-        self._serve_and_bench(state, cell)
+        self._serve_and_bench(state, cell, prediction)
 
-    def _serve_and_bench(self, state: _EnvState, cell: Cell) -> None:
+    def _probe(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        """CPU pre-flight: a wrong flag is a failure; an untraceable FP4 path predicts one."""
+        engine = self.plan.spec.engine
+        cache = self.options.workdir / "cache"
+        version = cell.env.version
+        started = time.monotonic()
+        try:
+            if "flags" in engine.preflight:
+                check = probe.flag_check(sglang_version=version, argv=cell.command, cache_dir=cache)
+                if not check.ok:
+                    return verdict.failed("unknown-flag", excerpt=check.evidence)
+            if "trace" in engine.preflight and cell.mode in engine.trace_modes:
+                pins = state.resolved.pins if state.resolved else {}
+                torch_version = pins.get("torch") or cell.env.effective("torch", engine.pins)
+                flashinfer = pins.get("flashinfer-python") or cell.env.effective("flashinfer", engine.pins)
+                if torch_version and flashinfer:
+                    result = probe.probe_cell(
+                        sglang_version=version,
+                        torch_version=torch_version,
+                        flashinfer_version=flashinfer,
+                        arch=cell.env.gpu.arch.removeprefix("sm_"),
+                        cache_dir=cache,
+                    )
+                    if result is not None and result.traceable is False:
+                        return Verdict(
+                            kind="predicted-fail",
+                            detail="dynamo-untraceable",
+                            excerpt=result.evidence,
+                            evidence=(
+                                f"probe: {result.entry} on torch {result.torch}, flashinfer {result.flashinfer}",
+                            ),
+                        )
+        except Exception as exc:  # a pre-flight that cannot run predicts nothing; the GPU stages decide
+            self.console.print(f"[yellow]probe of {cell.id} could not run: {type(exc).__name__}: {exc}[/]")
+        finally:
+            state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
+        return None
+
+    def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
         spec = self.plan.spec
         assert state.built is not None
         try:
@@ -338,12 +382,17 @@ class _Runner:
             stop = getattr(self.backend, "stop", None)
             if stop is not None:
                 stop(launch)
+        evidence = list(result.evidence)
+        if prediction is not None:
+            # The GPU run checks the CPU prediction; the report tells predictions from observations.
+            confirmed = result.kind == "fail" and result.detail == prediction.detail
+            evidence.append(f"predicted {prediction.detail}: {'confirmed' if confirmed else 'contradicted'}")
         self.store.finish(
             run_id,
             cell.id,
             verdict=str(result),
             excerpt=result.excerpt,
-            evidence=list(result.evidence),
+            evidence=evidence,
             metrics=metrics,
             stages=stage_seconds,
         )
