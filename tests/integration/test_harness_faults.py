@@ -45,6 +45,8 @@ def _harness(project: Path, cache: Path) -> subprocess.Popen[bytes]:
             "servematrix",
             "run",
             "matrix/cpu-smoke.toml",
+            "--backend",
+            "venv",
             "--select",
             "transformers=5.24.0",
             "--workdir",

@@ -13,11 +13,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_piecewise_on_sm120_with_plain_fp4_is_predicted_to_fail(tmp_path, test_cache):
     store = tmp_path / "s.sqlite"
-    code = main([
-        "run", str(MATRIX / "glm5-nvfp4.toml"), "--select", "sglang=0.5.9", "--select", "gpu=rtx-pro-6000",
-        "--select", "flashinfer=pinned", "--stages", "resolve,probe", "--store", str(store),
-        "--workdir", str(test_cache / "work"), "--lock-dir", str(tmp_path / "locks"), "--no-report",
-    ])
+    code = main(
+        [
+            "run",
+            str(MATRIX / "glm5-nvfp4.toml"),
+            "--select",
+            "sglang=0.5.9",
+            "--select",
+            "gpu=rtx-pro-6000",
+            "--select",
+            "flashinfer=pinned",
+            "--stages",
+            "resolve,probe",
+            "--store",
+            str(store),
+            "--workdir",
+            str(test_cache / "work"),
+            "--lock-dir",
+            str(tmp_path / "locks"),
+            "--no-report",
+        ]
+    )
     assert code == 0
     with Store(store) as s:
         by_mode = {r["mode"]: r for r in s.all_rows()}

@@ -17,6 +17,8 @@ def test_cpu_smoke_runs_every_cell_and_writes_the_table(smoke_project, test_cach
     args = [
         "run",
         "matrix/cpu-smoke.toml",
+        "--backend",
+        "venv",
         "--workdir",
         str(test_cache / "work"),
         "--store",

@@ -103,7 +103,16 @@ def test_page_from_a_real_run_renders_and_filters_in_chromium(smoke_project: Pat
     matrix = smoke_project / "matrix" / "cpu-smoke.toml"
     matrix.write_text(re.sub(r"(?ms)^\[bench\].*", REDUCED_BENCH, matrix.read_text()))
     started = time.monotonic()
-    args = ["run", "matrix/cpu-smoke.toml", "--workdir", str(test_cache / "work"), "--store", "results.sqlite"]
+    args = [
+        "run",
+        "matrix/cpu-smoke.toml",
+        "--backend",
+        "venv",
+        "--workdir",
+        str(test_cache / "work"),
+        "--store",
+        "results.sqlite",
+    ]
     assert main([*args, "--no-report"]) == 0
     run_seconds = time.monotonic() - started
     with Store(smoke_project / "results.sqlite") as store:

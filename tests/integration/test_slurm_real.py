@@ -75,7 +75,22 @@ def test_job_array_over_cpu_smoke_gives_the_local_table(slurm, smoke_project: Pa
     out = smoke_project / "slurm"
 
     started = time.monotonic()
-    assert submit(["matrix/cpu-smoke.toml", "--slurm", "--out", str(out), "--workdir", str(workdir), "--wait"]) == 0
+    assert (
+        submit(
+            [
+                "matrix/cpu-smoke.toml",
+                "--slurm",
+                "--backend",
+                "venv",
+                "--out",
+                str(out),
+                "--workdir",
+                str(workdir),
+                "--wait",
+            ]
+        )
+        == 0
+    )
     took = time.monotonic() - started
     printed = capsys.readouterr()
     job_ids = printed.out.split()
@@ -93,7 +108,7 @@ def test_job_array_over_cpu_smoke_gives_the_local_table(slurm, smoke_project: Pa
     assert {r["verdict"] for r in rows} == {"pass"}, [(r["cell_id"], r["verdict"], r["excerpt"]) for r in rows]
 
     local = smoke_project / "local"
-    assert main(["run", "matrix/cpu-smoke.toml", "--workdir", str(workdir), "--store", str(local / "r.sqlite"),
+    assert main(["run", "matrix/cpu-smoke.toml", "--backend", "venv", "--workdir", str(workdir), "--store", str(local / "r.sqlite"),
                  "--report", str(local / "compatibility.md")]) == 0  # fmt: skip
     slurm_table = (out / "compatibility.md").read_text()
     local_table = (local / "compatibility.md").read_text()
