@@ -29,36 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servematrix.store import Row
+from servematrix.store import COLUMNS, Row
 
 SCHEMA = 1
 MIN_DROP = 0.10
 MARGIN = 0.10
 FAILED_KINDS = frozenset({"fail", "unresolvable", "predicted-fail"})
 # The row fields the published record keeps; pids, log paths and the run's status stay in the store.
-EXPORTED = (
-    "run_id",
-    "cell_id",
-    "env_id",
-    "engine",
-    "mode",
-    "matrix",
-    "axes",
-    "inputs_hash",
-    "verdict",
-    "excerpt",
-    "evidence",
-    "argv",
-    "lock_hash",
-    "lock_file",
-    "crossed_pins",
-    "image_digest",
-    "host",
-    "stages",
-    "started_at",
-    "finished_at",
-    "prediction",  # not a store column yet: kept when a row carries it
-)
+# Everything but local run state (status, pids, log paths, metrics, which is exported trimmed), plus a
+# `prediction` field, kept when a row carries it.
+_LOCAL_ONLY = frozenset({"status", "metrics", "harness_pid", "server_pid", "server_pgid", "log_path"})
+EXPORTED = (*(c for c in COLUMNS if c not in _LOCAL_ONLY), "prediction")
 LEVEL_FIELDS = ("concurrency", "output_tok_s", "request_s", "completion_tokens", "error_count")
 METRIC_FIELDS = ("model", "duration_s", "completion_tokens", "error_count", "client")
 
