@@ -47,7 +47,11 @@ def ensure_model(
         return target
     script = builder_script(engine, builder)
     done = subprocess.run(
-        [*python, str(script), str(target)], capture_output=True, text=True, timeout=timeout_s, check=False
+        [*python((target.parent,)), str(script), str(target)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )
     if done.returncode != 0 or not tinymodel.is_built(target):
         raise ModelBuildError(f"building {builder} into {target} failed:\n{done.stderr[-2000:]}")

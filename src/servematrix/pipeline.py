@@ -236,13 +236,13 @@ class _Runner:
             return None  # GPU stages are skipped per cell below; nothing to build here
         if self._wants("build") and state.built is None:
             self._stage(cell, "build")
-            lock = state.resolved.lockfile if state.resolved and state.resolved.status == "resolved" else None
+            resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
             state.built = build.build(
                 self.backend,
                 env,
                 engine,
-                lockfile=lock,
-                lock_hash=state.resolved.inputs_hash if lock else None,
+                lockfile=resolved.lockfile if resolved else None,
+                lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
                 log_path=self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log",
             )
             state.stage_seconds["build"] = round(state.built.seconds, 3)

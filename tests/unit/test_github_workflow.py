@@ -48,11 +48,14 @@ def check_jsonschema(schema: str, path: Path) -> subprocess.CompletedProcess[str
 
 
 def tool_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """PATH with this interpreter's scripts (servematrix, python3) first."""
+    """PATH with this interpreter's scripts (servematrix, python3) first.
+
+    `python3` is a wrapper that execs this interpreter, not a symlink: a symlink outside the venv's bin/
+    would start the base interpreter without the venv's packages."""
     python3 = tmp_path / "bin" / "python3"
     python3.parent.mkdir(exist_ok=True)
-    if not python3.exists():
-        python3.symlink_to(sys.executable)
+    python3.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python3.chmod(0o755)
     path = os.pathsep.join([str(python3.parent), str(Path(sys.executable).parent), os.environ["PATH"]])
     return {**os.environ, "PATH": path, **extra}
 
