@@ -108,10 +108,11 @@ def _index_list_items(source: TomlSource, keypath: KeyPath, text_lines: list[str
     """Give each item of a list value the line it sits on, so `axes.sglang[3]` points at its line."""
     value: Any = source.data
     for part in keypath:
+        container: Any = value  # dict keyed by str, or list indexed by int: checked just below
         if (isinstance(value, dict) and part in value) or (
             isinstance(value, list) and isinstance(part, int) and part < len(value)
         ):
-            value = value[part]
+            value = container[part]
         else:
             return
     if not isinstance(value, list):
