@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     plan = commands.add_parser(
@@ -70,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _matrix_args(plan)
-    plan.add_argument("--format", choices=("table", "json", "github"), default="table")
+    plan.add_argument(
+        "--format",
+        choices=("table", "json", "github"),
+        default="table",
+        help="table (default), the contract JSON (a list of cells), or a GitHub Actions strategy.matrix",
+    )
     plan.add_argument(
         "--max-jobs",
         type=int,
@@ -137,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _matrix_args(lock)
     lock.add_argument("--out", type=Path, help="directory for lock files (default: locks/ beside the matrix)")
-    lock.add_argument("--format", choices=("table", "json"), default="table")
+    lock.add_argument(
+        "--format", choices=("table", "json"), default="table", help="table (default) or the contract JSON"
+    )
     lock.set_defaults(handler=cmd_lock)
 
     report = commands.add_parser(
@@ -153,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=cmd_report)
 
     merge = commands.add_parser("merge", help="merge shard stores into one (idempotent)")
-    merge.add_argument("out", type=Path, metavar="OUT.sqlite")
-    merge.add_argument("inputs", type=Path, nargs="+", metavar="IN.sqlite")
+    merge.add_argument("out", type=Path, metavar="OUT.sqlite", help="the store to merge into (created if missing)")
+    merge.add_argument("inputs", type=Path, nargs="+", metavar="IN.sqlite", help="shard stores to merge from")
     merge.set_defaults(handler=cmd_merge)
 
     tiny = commands.add_parser(
@@ -163,8 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build a deterministic tiny Llama (byte-level BPE trained on built-in text, 2 layers, hidden 64) "
         "with no model hub. Needs torch, transformers and tokenizers in the interpreter given by --python.",
     )
-    tiny.add_argument("dir", type=Path)
-    tiny.add_argument("--python", default=sys.executable, help="interpreter to build with (default: this one)")
+    tiny.add_argument("dir", type=Path, help="where to write the model (config, weights, tokenizer)")
+    tiny.add_argument(
+        "--python",
+        help="interpreter to build with (default: this one if it has torch, transformers and tokenizers, "
+        "else a uv-managed environment with them: `uv run --with ...`)",
+    )
     tiny.set_defaults(handler=cmd_tiny_model)
 
     classify = commands.add_parser(
@@ -173,12 +186,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Match a server log against the engine's failure signatures. JSON: "
         "{class, title, line, excerpt}; class is null when nothing matches.",
     )
-    classify.add_argument("logfile", type=Path)
-    classify.add_argument("--engine", default="sglang")
-    classify.add_argument("--format", choices=("text", "json"), default="text")
+    classify.add_argument("logfile", type=Path, help="a server log")
+    classify.add_argument(
+        "--engine", default="sglang", help="whose failure signatures to match (default: sglang; or transformers)"
+    )
+    classify.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or JSON")
     classify.set_defaults(handler=cmd_classify)
     add_submit_parser(commands)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("servematrix")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _regression_args(parser: argparse.ArgumentParser) -> None:
@@ -220,18 +244,13 @@ def _stages(text: str) -> tuple[str, ...]:
     return tuple(s for s in STAGES if s in wanted)
 
 
-def _backend(name: str, workdir: Path, plan):  # type: ignore[no-untyped-def]
-    if name == "nix":
-        from servematrix.backends.nix import nix_backend
-
-        return nix_backend(workdir, plan=plan)
-    from servematrix.backends.select import select_backend
-
-    return select_backend(name, workdir=workdir, plan=plan)
+def _say(line: str) -> None:
+    print(f"servematrix: {line}", file=sys.stderr, flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from servematrix.pipeline import RunOptions, run_plan
+    from servematrix.backends.select import select_backend
+    from servematrix.pipeline import RunOptions, builds_here, preamble, run_plan
     from servematrix.plan import make_plan
 
     stages = _stages(args.stages)
@@ -244,9 +263,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         rerun=args.rerun,
         trust_probe=args.trust_probe,
     )
+    for line in preamble(plan, options):
+        _say(line)
+    backend = select_backend(
+        args.backend, workdir=args.workdir, plan=plan, builds=builds_here(plan, stages), notice=_say
+    )
+    _say(f"backend: {backend.name}")
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        summary = run_plan(plan, _backend(args.backend, args.workdir, plan), options)
+        summary = run_plan(plan, backend, options)
     finally:
         signal.signal(signal.SIGTERM, previous)
     regressions = _write_report(args.store, args.report, args.baseline) if args.report is not None else []
@@ -330,15 +355,39 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from servematrix.engines import load_engine
     from servematrix.models import ModelBuildError, ensure_model
 
+    python = [args.python] if args.python else _tiny_model_python()
     try:
         built = ensure_model(
-            args.dir, builder="tiny-llama", engine=load_engine("transformers"), python=lambda _visible: [args.python]
+            args.dir, builder="tiny-llama", engine=load_engine("transformers"), python=lambda _visible: python
         )
     except ModelBuildError as exc:
         print(f"servematrix: {exc}", file=sys.stderr)
         return 1
     print(built)
     return 0
+
+
+# What the tiny-model builder imports (pyproject's `tiny-model` extra says the same for pip).
+TINY_MODEL_PACKAGES = ("torch", "transformers>=5.5", "tokenizers>=0.20")
+
+
+def _tiny_model_python() -> list[str]:
+    """This interpreter when it can build the model; else uv runs the builder with the packages it needs."""
+    import importlib.util
+    import shutil
+
+    names = [p.split(">")[0] for p in TINY_MODEL_PACKAGES]
+    if all(importlib.util.find_spec(name) is not None for name in names):
+        return [sys.executable]
+    uv = shutil.which("uv")
+    if uv is None:
+        raise InputError(
+            f"this interpreter lacks {', '.join(names)} and uv is not on PATH: pip install 'servematrix[tiny-model]' "
+            "or pass --python PATH"
+        )
+    _say(f"building with `uv run --with {' --with '.join(TINY_MODEL_PACKAGES)}` (torch is downloaded once)")
+    with_args = [arg for package in TINY_MODEL_PACKAGES for arg in ("--with", package)]
+    return [uv, "run", "--no-project", "--quiet", *with_args, "python"]
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -368,6 +417,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("servematrix: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`servematrix plan | head`): not an error. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

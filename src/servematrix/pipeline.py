@@ -10,6 +10,7 @@ group, so the next run can reap a server orphaned by a killed harness.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -20,7 +21,8 @@ from typing import Any
 
 import psutil
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from servematrix import hostinfo, verdict
@@ -35,7 +37,8 @@ from servematrix.store import Store
 from servematrix.verdict import Verdict
 
 STAGES = ("resolve", "build", "probe", "serve", "bench")
-GPU_STAGES = ("build", "serve", "bench")  # need the cell's GPUs; resolve and probe run anywhere
+CPU_STAGES = ("resolve", "probe")  # run anywhere; the others need the cell's GPUs
+CPU_SMOKE = "matrix/cpu-smoke.toml"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +66,71 @@ def inputs_hash(plan: Plan, cell: Cell, stages: Sequence[str]) -> str:
     return content_hash(
         {"cell": cell.id, "bench": file.bench.model_dump(), "model": file.model.model_dump(), "stages": list(stages)}
     )
+
+
+def gpu_ready(env: Environment) -> bool:
+    """Whether this host has the GPUs an environment's cells need (a CPU kind always runs)."""
+    kind = env.gpu
+    if kind.arch == "cpu" or kind.count == 0:
+        return True
+    return hostinfo.host().count(kind.arch) >= kind.count
+
+
+def builds_here(plan: Plan, stages: Sequence[str]) -> list[str]:
+    """The env_ids this run will build: applicable cells on GPUs this host has, when the build stage runs."""
+    if "build" not in stages:
+        return []
+    return list(dict.fromkeys(c.env_id for c in plan.cells if c.applicable and gpu_ready(c.env)))
+
+
+def preamble(plan: Plan, options: RunOptions) -> list[str]:
+    """What the run will do, said before it starts: on a host without the matrix's GPUs most of the work is
+    CPU pre-flight, and the trace probe downloads CUDA builds of torch."""
+    host = hostinfo.host()
+    envs = {c.env_id: c.env for c in plan.cells}
+    gpus = ", ".join(sorted({f"{host.count(g.arch)}x {g.arch}" for g in host.gpus})) or "no NVIDIA GPU found"
+    lines = [
+        f"{plan.spec.path}: {len(plan.cells)} cell(s) in {len(envs)} environment(s); "
+        f"stages {','.join(options.stages)}; this host: {gpus}"
+    ]
+    lacking = [c for c in plan.cells if c.applicable and not gpu_ready(c.env)]
+    if lacking:
+        kinds = ", ".join(
+            sorted({f"{c.env.axes.get('gpu', '?')} ({c.env.gpu.count}x {c.env.gpu.arch})" for c in lacking})
+        )
+        here = [s for s in options.stages if s in CPU_STAGES]
+        lines.append(
+            f"{len(lacking)} cell(s) need GPUs this host lacks: {kinds}. Here they run "
+            f"{','.join(here) or 'no stage'} and end skipped:no-gpu, or with the CPU probe's verdict."
+        )
+        if len(lacking) == len(plan.cells):
+            lines.append(f"To run every stage on this machine's CPU instead: nox -s matrix -- {CPU_SMOKE}")
+    engine = plan.spec.engine
+    if "probe" in options.stages and "trace" in engine.preflight:
+        pairs = set()
+        for cell in plan.cells:
+            torch_version = cell.env.effective("torch", engine.pins)
+            flashinfer = cell.env.effective("flashinfer", engine.pins)
+            arch = cell.env.gpu.arch.removeprefix("sm_")
+            if (
+                cell.applicable
+                and cell.mode in engine.trace_modes
+                and torch_version
+                and flashinfer
+                and probe.piecewise_traces_with_dynamo(cell.env.version)
+                and probe.entry_point_for(cell.env.version, arch, flashinfer) is not None
+            ):
+                pairs.add((torch_version, flashinfer))
+        cache = options.workdir / "cache"
+        missing = sorted(pair for pair in pairs if not probe.venv_is_built(cache, *pair))
+        if missing:
+            torches = sorted({t for t, _ in missing})
+            lines.append(
+                f"The FP4 trace probe builds {len(missing)} torch+flashinfer venv(s) under {cache / 'probe'}: "
+                f"CUDA builds of torch {', '.join(torches)} (several GB each to download the first time; later "
+                "venvs link them from uv's cache). --stages resolve skips the probe."
+            )
+    return lines
 
 
 def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console | None = None) -> Summary:
@@ -133,6 +201,7 @@ class _Runner:
     store: Store
     console: Console
     summary: Summary
+    _progress: tuple[Progress, TaskID] | None = None
 
     def run(self) -> None:
         spec = self.plan.spec
@@ -150,22 +219,35 @@ class _Runner:
                 f"{self.summary.skipped_unchanged} cell(s) unchanged since their last finished run: not run again "
                 "(--rerun to force)"
             )
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[stage]}"),
-            console=self.console,
-            transient=False,
-        ) as progress:
-            task = progress.add_task(f"{spec.path.name}", total=total, stage="")
-            self._progress = (progress, task)
+        self._total, self._done = total, 0
+        self._started = time.monotonic()
+        # On a terminal, one live bar; in a CI log (no terminal), a plain line per cell and stage as it happens.
+        progress = (
+            Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[stage]}"),
+                console=self.console,
+                transient=False,
+            )
+            if self.console.is_terminal
+            else None
+        )
+        with progress or contextlib.nullcontext():
+            task = progress.add_task(f"{spec.path.name}", total=total, stage="") if progress is not None else None
+            if progress is not None and task is not None:
+                self._progress = (progress, task)
             for cells in todo.values():
                 state = _EnvState(env=cells[0].env)
                 for cell in cells:
                     self._run_cell(state, cell)
-                    progress.advance(task)
+                    self._done += 1
+                    if progress is not None and task is not None:
+                        progress.advance(task)
+                    else:
+                        self._line(cell, self.summary.verdicts.get(cell.id, "?"))
         self._print_summary()
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -173,8 +255,20 @@ class _Runner:
         return inputs_hash(self.plan, cell, self.options.stages)
 
     def _stage(self, cell: Cell, name: str) -> None:
+        if self._progress is None:
+            self._line(cell, name)
+            return
         progress, task = self._progress
         progress.update(task, stage=f"{cell.id} {cell.env.version} {cell.mode}: {name}")
+
+    def _line(self, cell: Cell, what: str) -> None:
+        elapsed = time.monotonic() - self._started
+        axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
+        print(
+            f"[{self._done}/{self._total} {elapsed:6.0f}s] {cell.id} {axes} mode={cell.mode}: {what}",
+            file=self.console.file,
+            flush=True,
+        )
 
     def _wants(self, stage: str) -> bool:
         return stage in self.options.stages
@@ -210,12 +304,6 @@ class _Runner:
         )
         self.summary.verdicts[cell.id] = str(result)
 
-    def _gpu_ready(self, env: Environment) -> bool:
-        kind = env.gpu
-        if kind.arch == "cpu" or kind.count == 0:
-            return True
-        return hostinfo.host().count(kind.arch) >= kind.count
-
     # -- environment stages ----------------------------------------------------------------------
     def _prepare_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
         if state.ended is not None:
@@ -232,7 +320,7 @@ class _Runner:
                 state.ended = verdict.error("resolve", state.resolved.reason)
             if state.ended:
                 return state.ended
-        if not self._gpu_ready(env):
+        if not gpu_ready(env):
             return None  # GPU stages are skipped per cell below; nothing to build here
         if self._wants("build") and state.built is None:
             self._stage(cell, "build")
@@ -268,7 +356,7 @@ class _Runner:
         if prediction is not None and prediction.kind == "fail":
             self._record(cell, state, prediction)  # observed in the wheel: 0 GPU-seconds
             return
-        if not self._gpu_ready(state.env) or (prediction is not None and self.options.trust_probe):
+        if not gpu_ready(state.env) or (prediction is not None and self.options.trust_probe):
             kind = state.env.gpu
             self._record(
                 cell, state, prediction or verdict.skipped("no-gpu", excerpt=f"needs {kind.count}x {kind.arch}")
@@ -443,16 +531,21 @@ class _Runner:
     def _print_summary(self) -> None:
         if not self.summary.verdicts:
             return
+        # Readable at 80 columns: the axes share one folding column, ids and verdicts are never cut.
+        widest = max(map(len, self.summary.verdicts.values()))
         table = Table(title=f"run {self.options.run_id}")
-        for column in ("cell", *self.plan.spec.axis_names, "mode", "verdict"):
-            table.add_column(column)
+        table.add_column("cell", no_wrap=True, min_width=12)
+        table.add_column("environment", overflow="fold", ratio=1)
+        table.add_column("mode", overflow="fold")
+        table.add_column("verdict", no_wrap=True, min_width=widest)
         by_id = {c.id: c for c in self.plan.cells}
         for cell_id, result in self.summary.verdicts.items():
             cell = by_id[cell_id]
             colour = (
                 "green" if result == "pass" else "red" if result.startswith(("fail", "unres", "error")) else "yellow"
             )
-            table.add_row(cell_id, *cell.env.axes.values(), cell.mode, f"[{colour}]{result}[/]")
+            axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
+            table.add_row(cell_id, axes, cell.mode, f"[{colour}]{escape(result)}[/]")
         self.console.print(table)
 
 

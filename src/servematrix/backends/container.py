@@ -35,6 +35,7 @@ from typing import Any, Literal
 import psutil
 
 from servematrix.backends import BuildInput, Built, LaunchSpec
+from servematrix.resources import resource
 from servematrix.spec import GpuKind
 from servematrix.stages.resolve import parse_pins, read_lock_header
 
@@ -361,12 +362,8 @@ class ContainerBackend:
 
 
 def default_dockerfile() -> Path:
-    """containers/Dockerfile of the source tree (an editable install), or a copy shipped in the package."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[3] / "containers" / "Dockerfile", here.parents[1] / "containers" / "Dockerfile"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("containers/Dockerfile not found beside the source tree nor in the package")
+    """containers/Dockerfile: the installed package's copy, or the checkout's (an editable install)."""
+    return resource("dockerfile")
 
 
 def container_name(argv: Sequence[str]) -> str | None:

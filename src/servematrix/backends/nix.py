@@ -29,6 +29,7 @@ from typing import Any
 
 from servematrix.backends import BuildInput, Built, LaunchSpec
 from servematrix.backends.container import TOOLS, ContainerBackend, EnvTarget, Tool, targets_from_plan
+from servematrix.resources import is_packaged, resource
 from servematrix.stages.resolve import parse_pins
 
 IMAGE_REPOSITORY = "localhost/servematrix-nix"  # nix/lib.nix: imageRepository
@@ -42,11 +43,14 @@ _LOADED = re.compile(r"^Loaded image(?:\(s\))?:\s*(\S+)", re.MULTILINE)
 
 
 def default_flake() -> Path:
-    """The source tree's root (an editable install), where flake.nix and nix/envs.json live."""
-    root = Path(__file__).resolve().parents[3]
-    if (root / "flake.nix").is_file():
-        return root
-    raise FileNotFoundError("flake.nix not found beside the source tree: pass flake=PATH to NixBackend")
+    """The directory holding flake.nix and nix/envs.json: the installed package's copy, or the checkout's."""
+    return resource("flake")
+
+
+def flake_ref(flake: Path) -> str:
+    """A checkout is read as git reads it (tracked files only); the wheel's copy may sit inside some other
+    repository's ignored folder (a .nox venv in a checkout), so it is named as a plain path."""
+    return f"path:{flake}" if is_packaged(flake) else str(flake)
 
 
 class NixBackend:
@@ -100,7 +104,7 @@ class NixBackend:
         argv = [self.nix, *NIX_FEATURES, "build", "--no-link", "--json", "--print-build-logs"]
         if self._bases_json() is not None:
             argv.append("--impure")  # the flake reads SERVEMATRIX_WHEEL_BASES only when impure
-        return [*argv, *self.nix_args, f"{self.flake}#image-{env_id}"]
+        return [*argv, *self.nix_args, f"{flake_ref(self.flake)}#image-{env_id}"]
 
     def _bases_json(self) -> str | None:
         if self.wheel_bases is not None:

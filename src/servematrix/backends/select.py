@@ -1,7 +1,9 @@
-"""`--backend auto|podman|docker|venv`: which backend builds and runs this invocation's environments.
+"""`--backend auto|podman|docker|venv|nix`: which backend builds and runs this invocation's environments.
 
-`auto` takes the first container engine that answers `info` (podman, then docker), else a venv: a docker
-CLI without a reachable daemon, or podman without its runtime, is not a usable backend.
+`auto` takes the first container engine that answers `info` (podman, then docker) and can get the base
+image of every environment this run will build (present locally, or pulled now), else a venv. A docker CLI
+without a reachable daemon, podman without its runtime, or an engine on a host that reaches no registry is
+not a usable backend: a build there would fail and blame the stack for a fault of the host.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,15 @@ from servematrix.backends.container import (
     EXTRA_CA_ENV,
     TOOLS,
     ContainerBackend,
-    Tool,
     targets_from_plan,
 )
 from servematrix.backends.venv import VenvBackend
 from servematrix.errors import InputError
 
-CHOICES = ("auto", "podman", "docker", "venv")
+CHOICES = ("auto", "podman", "docker", "venv", "nix")
 INFO_TIMEOUT_S = 30.0
+# A base image is pulled before the first build needs it; a CUDA devel image is several GB.
+PULL_TIMEOUT_S = 1800.0
 
 
 def probe_tool(tool: str) -> str | None:
@@ -53,45 +56,84 @@ def probe_tool(tool: str) -> str | None:
     return f"`{tool} info` failed (exit {done.returncode}): {why}"
 
 
+def base_image_problem(tool: str, image: str) -> str | None:
+    """None when `image` is in the engine's store, or could be pulled now; otherwise why not, in one line."""
+    exists = subprocess.run(
+        [tool, "image", "inspect", image], capture_output=True, stdin=subprocess.DEVNULL, check=False
+    )
+    if exists.returncode == 0:
+        return None
+    try:
+        pulled = subprocess.run(
+            [tool, "pull", "--quiet", image],
+            capture_output=True,
+            text=True,
+            timeout=PULL_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"pulling {image} took more than {PULL_TIMEOUT_S:.0f} s"
+    if pulled.returncode == 0:
+        return None
+    lines = [line.strip() for line in pulled.stderr.splitlines() if line.strip()]
+    return f"cannot pull {image}: {lines[-1] if lines else f'exit {pulled.returncode}'}"
+
+
 def select_backend(
     name: str,
     *,
     workdir: Path,
     plan: Any = None,
+    builds: Sequence[str] = (),
     extra_ca_bundle: Path | None = None,
     base_image: str | None = None,
     probe: Callable[[str], str | None] = probe_tool,
+    base_check: Callable[[str, str], str | None] = base_image_problem,
+    notice: Callable[[str], None] = lambda line: None,
 ) -> Backend:
     """The backend for `--backend NAME`. An explicitly named backend that does not work is an InputError.
 
     plan: the run's Plan, so a container backend knows each environment's axes, base image and GPU kind.
+    builds: the env_ids this run will build (their base images must be obtainable); none for a run
+    that builds nothing, such as `--stages resolve` or a GPU matrix on a host without its GPUs.
     extra_ca_bundle / base_image: for image builds; default from SERVEMATRIX_EXTRA_CA_BUNDLE /
     SERVEMATRIX_BASE_IMAGE, else none (the base then comes from the matrix's CUDA kind or the default).
+    notice: where auto says, in one line, why it passed over a container engine.
     """
     if name not in CHOICES:
         raise InputError(f"--backend {name!r}: unknown backend (choices: {', '.join(CHOICES)})")
     if name == "venv":
         return VenvBackend(workdir / "envs")
-    tool: Tool | None
-    if name == "auto":
-        tool = next((t for t in TOOLS if probe(t) is None), None)
-    else:
-        why = probe(name)
-        if why is not None:
-            raise InputError(f"--backend {name}: {name} is not usable here: {why}")
-        tool = next(t for t in TOOLS if t == name)
-    if tool is None:
-        return VenvBackend(workdir / "envs")
+    if name == "nix":
+        from servematrix.backends.nix import nix_backend
+
+        return nix_backend(workdir, plan=plan, probe=probe)
     ca = extra_ca_bundle or _path_from_env(EXTRA_CA_ENV)
     if ca is not None and not ca.is_file():
         raise InputError(f"extra CA bundle {ca} is not a file (from --extra-ca-bundle or {EXTRA_CA_ENV})")
-    return ContainerBackend(
-        tool,
-        workdir / "images",
-        targets=targets_from_plan(plan) if plan is not None else None,
-        base_image=base_image or os.environ.get(BASE_IMAGE_ENV) or None,
-        extra_ca_bundle=ca,
-    )
+    candidates = TOOLS if name == "auto" else tuple(t for t in TOOLS if t == name)
+    for tool in candidates:
+        why = probe(tool)
+        if why is None:
+            backend = ContainerBackend(
+                tool,
+                workdir / "images",
+                targets=targets_from_plan(plan) if plan is not None else None,
+                base_image=base_image or os.environ.get(BASE_IMAGE_ENV) or None,
+                extra_ca_bundle=ca,
+            )
+            bases = sorted({backend.base_for(env_id) for env_id in builds})
+            why = next((problem for base in bases if (problem := base_check(tool, base)) is not None), None)
+            if why is None:
+                return backend
+            why = f"{why}; set {BASE_IMAGE_ENV} to an image {tool} has (docs/containers.md)"
+            if name == "auto":
+                notice(f"--backend auto: {tool} works but {why}")
+                continue
+        if name != "auto":
+            raise InputError(f"--backend {name}: {name} is not usable here: {why}")
+    return VenvBackend(workdir / "envs")
 
 
 def _path_from_env(variable: str) -> Path | None:

@@ -286,6 +286,15 @@ def probe_cell(
     )
 
 
+def venv_dir(cache_dir: Path, torch_version: str, flashinfer_version: str) -> Path:
+    """Where the probe venv of a (torch, flashinfer) pair lives; built once, shared by every cell."""
+    return Path(cache_dir) / "probe" / "venvs" / f"torch-{torch_version}__flashinfer-{flashinfer_version}"
+
+
+def venv_is_built(cache_dir: Path, torch_version: str, flashinfer_version: str) -> bool:
+    return (venv_dir(cache_dir, torch_version, flashinfer_version) / _READY).is_file()
+
+
 def trace_probe(*, torch_version: str, flashinfer_version: str, entry: str, arch: str, cache_dir: Path) -> ProbeResult:
     """Does `entry` trace under torch.compile(fullgraph=True) with this torch and flashinfer?"""
     if entry not in ENTRIES:
@@ -311,7 +320,7 @@ def trace_probe(*, torch_version: str, flashinfer_version: str, entry: str, arch
         return ProbeResult(seconds=round(time.monotonic() - started, 2), **base)
 
     data = _data()
-    env_dir = root / "venvs" / f"torch-{torch_version}__flashinfer-{flashinfer_version}"
+    env_dir = venv_dir(cache_dir, torch_version, flashinfer_version)
     try:
         python = _ensure_env(env_dir, torch_version=torch_version, flashinfer_version=flashinfer_version, data=data)
     except _EnvError as exc:
