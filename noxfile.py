@@ -3,12 +3,15 @@
 nox -s matrix                      # run the default matrix (matrix/glm5-nvfp4.toml)
 nox -s matrix -- matrix/cpu-smoke.toml --select mode=static
 nox -s tests                       # the whole test suite (needs ci/install-system-deps.sh once)
-nox -s lint
+nox -s tests -- -m "not slow"      # the quick tests
+nox -s lint                        # ruff, mypy, shellcheck (pinned)
+nox -s docs                        # the docs site (mkdocs) from the published results
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import nox
 
@@ -34,8 +37,9 @@ def lock(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite, slow integration tests included: nox -s tests -- [pytest args]."""
-    session.install("-e", ".[test]")
+    """The test suite, slow integration tests included: nox -s tests -- [pytest args] (quick: -m "not slow")."""
+    # Installed as users install it (not editable), so the tests see the wheel's contents.
+    session.install(".[test]")
     session.run("pytest", *(session.posargs or ["-q"]))
 
 
@@ -49,8 +53,9 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and mypy."""
-    session.install("-e", ".", "ruff>=0.6", "mypy>=1.11", "types-psutil")
+    """ruff (lint + format check), mypy and shellcheck, at the versions pinned in pyproject's `lint` extra."""
+    session.install("-e", ".[lint]")
     session.run("ruff", "check", "src", "tests", "noxfile.py")
     session.run("ruff", "format", "--check", "src", "tests", "noxfile.py")
     session.run("mypy")
+    session.run("shellcheck", *sorted(str(p) for p in Path("ci").rglob("*.sh")), ".ci/run")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +140,6 @@ def test_the_merge_script_fails_when_no_task_wrote_a_store(tmp_path):
     assert done.returncode == 1 and "no task wrote a store" in done.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_the_scripts_pass_shellcheck(tmp_path):
     options = options_from_args(
         parse([str(GLM5), "--slurm", "--out", str(tmp_path / "o"), "--select", "sglang>=0.5.10,<0.5.14"])
