@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the compatibility table, HTML page, plots and failure pages from a store",
         description="Without a store, the published results (--baseline) are rendered again.",
     )
-    report.add_argument("--store", type=Path, default=DEFAULT_STORE)
+    report.add_argument(
+        "--store", type=Path, default=DEFAULT_STORE, help=f"SQLite result store (default: {DEFAULT_STORE})"
+    )
     report.add_argument(
         "--out", type=Path, default=DEFAULT_REPORT.parent, help=f"output directory (default: {DEFAULT_REPORT.parent})"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -396,3 +397,61 @@ def test_container_backend_gets_plan_targets_and_the_extra_ca_from_the_environme
 
 def test_probe_reports_a_missing_tool():
     assert "not installed" in (probe_tool("servematrix-no-such-engine") or "")
+
+
+def _bases(available: set[str]):
+    return lambda tool, image: None if image in available else f"cannot pull {image}: no such host"
+
+
+def test_auto_passes_over_an_engine_that_cannot_get_the_base_image(tmp_path):
+    plan = make_plan(MATRIX / "cpu-smoke.toml", [], None)
+    builds = list(dict.fromkeys(c.env_id for c in plan.cells))
+    said: list[str] = []
+    backend = select_backend(
+        "auto", workdir=tmp_path, plan=plan, builds=builds, probe=_probe({"podman"}), base_check=_bases(set()),
+        notice=said.append,
+    )  # fmt: skip
+    assert isinstance(backend, VenvBackend)
+    assert len(said) == 1
+    assert "podman works but cannot pull debian:bookworm-slim" in said[0] and "SERVEMATRIX_BASE_IMAGE" in said[0]
+    # The same base, present: podman it is.
+    backend = select_backend(
+        "auto", workdir=tmp_path, plan=plan, builds=builds, probe=_probe({"podman"}),
+        base_check=_bases({"debian:bookworm-slim"}),
+    )  # fmt: skip
+    assert backend.name == "podman"
+
+
+def test_auto_checks_no_base_when_nothing_will_be_built(tmp_path):
+    def refuse(tool: str, image: str) -> str:
+        raise AssertionError("no base image should be looked up")
+
+    backend = select_backend("auto", workdir=tmp_path, builds=(), probe=_probe({"podman"}), base_check=refuse)
+    assert backend.name == "podman"
+
+
+def test_an_explicit_engine_without_its_base_image_is_one_line_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVEMATRIX_BASE_IMAGE", "localhost/my-base")
+    plan = make_plan(MATRIX / "cpu-smoke.toml", [], None)
+    builds = [plan.cells[0].env_id]
+    with pytest.raises(InputError) as raised:
+        select_backend(
+            "podman", workdir=tmp_path, plan=plan, builds=builds, probe=_probe({"podman"}), base_check=_bases(set())
+        )
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "--backend podman" in message and "localhost/my-base" in message and "SERVEMATRIX_BASE_IMAGE" in message
+
+
+def test_nix_is_a_backend_choice_of_select(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nix here: the nix backend's own one-line error
+    with pytest.raises(InputError, match="--backend nix: nix is not installed"):
+        select_backend("nix", workdir=tmp_path, probe=_probe({"podman"}))
+
+
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+def test_base_image_problem_asks_the_real_engine(tmp_path):
+    from servematrix.backends.select import base_image_problem
+
+    why = base_image_problem("podman", "localhost/servematrix-no-such-base:never")
+    assert why is not None and why.startswith("cannot pull localhost/servematrix-no-such-base:never")
