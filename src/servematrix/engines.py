@@ -55,6 +55,23 @@ class FlagRename(_Ranged):
     to: str
 
 
+class DerivedPorts(_Ranged):
+    """Ports the server opens at fixed offsets from its own, which must be valid (<= 65535) and free."""
+
+    offsets: tuple[int, ...]
+    source: str = ""
+
+
+class ModeEvidence(_Ranged):
+    """Log lines that prove a mode really ran (`applied`) or really did not (`not_applied`): an engine may
+    silently switch a feature off, and a cell must not pass under a mode it did not run."""
+
+    mode: str
+    applied: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    source: str = ""
+
+
 class Readiness(_Data):
     path: str
     interval_s: float = Field(gt=0)
@@ -103,6 +120,8 @@ class Engine(_Data):
     flag_renames: tuple[FlagRename, ...] = ()
     pins: dict[str, dict[str, str]] = {}
     model_builders: dict[str, str] = {}
+    derived_ports: tuple[DerivedPorts, ...] = ()
+    mode_evidence: tuple[ModeEvidence, ...] = ()
 
     @property
     def version_axis(self) -> str:
@@ -133,6 +152,15 @@ class Engine(_Data):
             flag, eq, value = arg.partition("=")
             out.append(renames.get(flag, flag) + eq + value if flag in renames else arg)
         return tuple(out)
+
+    def port_offsets(self, version: str) -> tuple[int, ...]:
+        """Offsets from --port of every port this version derives from it."""
+        parsed = Version(version)
+        return tuple(sorted({o for row in self.derived_ports if row.contains(parsed) for o in row.offsets}))
+
+    def evidence_for(self, mode: str, version: str) -> ModeEvidence | None:
+        parsed = Version(version)
+        return next((row for row in self.mode_evidence if row.mode == mode and row.contains(parsed)), None)
 
     def release_pin(self, version: str, axis: str) -> str | None:
         return self.pins.get(version, {}).get(axis)

@@ -25,9 +25,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servematrix import hostinfo, verdict
+from servematrix import hostinfo, ports, verdict
 from servematrix.backends import Backend, Built
 from servematrix.cells import Cell, Environment, content_hash, server_command
+from servematrix.engines import Engine
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, ensure_model
 from servematrix.plan import Plan
@@ -416,7 +417,11 @@ class _Runner:
         model = self.backend.model_location(model_dir) if model_dir else spec.file.model.path
         run_id = self.options.run_id
         log_path = self.options.workdir / "logs" / run_id / f"{cell.id}.log"
-        port = serve.free_port()
+        try:
+            port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
+        except ports.NoPortError as exc:
+            self._record(cell, state, verdict.error("harness", excerpt=f"port: {exc}"))
+            return
         argv = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
         workdir = self.options.workdir.resolve()
         env_vars = {k: v.format(workdir=workdir) for k, v in cell.server_env.items()}
@@ -456,6 +461,8 @@ class _Runner:
                     stage_seconds["bench"] = round(time.monotonic() - started_bench, 3)
                 else:
                     result = verdict.passed()
+                if result.kind == "pass":
+                    result = mode_check(spec.engine, cell, log_path)
         except KeyboardInterrupt:
             self.store.finish(
                 run_id, cell.id, verdict="interrupted", excerpt="interrupted (SIGINT/SIGTERM)", stages=stage_seconds
@@ -547,6 +554,33 @@ class _Runner:
             axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
             table.add_row(cell_id, axes, cell.mode, f"[{colour}]{escape(result)}[/]")
         self.console.print(table)
+
+
+def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
+    """A served cell passes only if its log proves the mode ran as asked (engine data: `mode_evidence`)."""
+    rule = engine.evidence_for(cell.mode, cell.env.version)
+    if rule is None:
+        return verdict.passed()
+    lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if log_path.is_file() else []
+    evidence = ""
+    for wanted in rule.applied:
+        found = next((line for line in lines if wanted in line), None)
+        if found is None:
+            return verdict.failed(
+                "mode-not-applied",
+                excerpt=f"no {wanted!r} line in the server log: {engine.name} {cell.env.version} did not run "
+                f"{cell.mode} as asked",
+            )
+        evidence = f"{cell.mode} applied: {found.strip()[:300]}"
+    for unwanted in rule.absent:
+        found = next((line for line in lines if unwanted in line), None)
+        if found is not None:
+            return verdict.failed(
+                "mode-not-applied",
+                excerpt=f"{cell.mode} cell, yet the server log says: {found.strip()[:300]}",
+            )
+        evidence = f"{cell.mode}: no {unwanted!r} line in the server log"
+    return Verdict(kind="pass", evidence=(evidence,))
 
 
 def build_argv(plan: Plan, cell: Cell, *, model: str, port: int, host: str) -> tuple[str, ...]:

@@ -1,0 +1,76 @@
+"""The server's port and the ports the engine derives from it (engine data), checked against a fake that
+enforces sglang 0.5.12's gRPC rule (port + 10000 <= 65535, and free)."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servematrix import ports
+from servematrix.engines import load_engine
+
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_derived_port_server.py"
+
+
+def test_sglang_declares_its_grpc_offset():
+    assert 10000 in load_engine("sglang").port_offsets("0.5.12")
+    assert load_engine("transformers").port_offsets("5.24.0") == ()
+
+
+def test_a_picked_port_leaves_every_derived_port_valid():
+    rng = random.Random(7)
+    for _ in range(50):
+        port = ports.pick_port((10000,), rng=rng)
+        assert port + 10000 <= ports.MAX_PORT
+
+
+def test_a_taken_derived_port_makes_the_port_unusable():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        taken = holder.getsockname()[1]
+        if taken - 10000 < 1:
+            pytest.skip("the kernel gave a port too low to derive from")
+        assert not ports.usable(taken - 10000, (10000,))
+    assert not ports.usable(60000, (10000,))  # 70000 is no port
+
+
+def test_no_room_is_a_harness_error_not_a_crash():
+    with pytest.raises(ports.NoPortError):
+        ports.pick_port((60000,))
+
+
+def _serve(port: int) -> tuple[int, str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE), "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    return 0, ""
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        return proc.wait(5), proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_fake_refuses_a_port_from_the_top_of_the_ephemeral_range():
+    code, stderr = _serve(60001)
+    assert code == 1 and "SGLANG_GRPC_PORT (70001) must be between 1 and 65535" in stderr
+
+
+def test_twenty_ports_picked_for_sglang_all_start_the_fake():
+    offsets = load_engine("sglang").port_offsets("0.5.12")
+    for _ in range(20):
+        code, stderr = _serve(ports.pick_port(offsets))
+        assert code == 0, stderr
