@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from servematrix.backends.select import CHOICES as BACKENDS
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.pipeline import STAGES
 from servematrix.slurm import add_submit_parser
@@ -104,9 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--backend",
-        choices=("auto", "podman", "docker", "venv", "nix"),
+        choices=BACKENDS,
         default="auto",
-        help="where environments are built and servers run (auto: the best available)",
+        help="where environments are built and servers run. auto: podman or docker when it can get its base "
+        "images, else venv (uv); nix: images from flake.nix; existing: build nothing, serve with --python",
+    )
+    run.add_argument(
+        "--python",
+        metavar="PATH",
+        help="--backend existing: the interpreter whose installed packages serve every cell (default: this one); "
+        "a cell whose axis versions are not installed there is refused",
     )
     run.add_argument(
         "--store", type=Path, default=DEFAULT_STORE, help=f"SQLite result store (default: {DEFAULT_STORE})"
@@ -267,8 +275,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     for line in preamble(plan, options):
         _say(line)
+    if args.python and args.backend != "existing":
+        raise InputError("--python is for --backend existing")
     backend = select_backend(
-        args.backend, workdir=args.workdir, plan=plan, builds=builds_here(plan, stages), notice=_say
+        args.backend, workdir=args.workdir, plan=plan, builds=builds_here(plan, stages), notice=_say, python=args.python
     )
     _say(f"backend: {backend.name}")
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

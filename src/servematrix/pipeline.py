@@ -477,7 +477,7 @@ class _Runner:
             stop = getattr(self.backend, "stop", None)
             if stop is not None:
                 stop(launch)
-        evidence = list(result.evidence)
+        evidence = [*result.evidence, *state.built.notes]
         if prediction is not None:
             # The GPU run checks the CPU prediction; the report tells predictions from observations.
             confirmed = result.kind == "fail" and result.detail == prediction.detail

@@ -33,6 +33,7 @@ class Built:
     cached: bool = False
     seconds: float = 0.0
     excerpt: str = ""  # the failing step's lines
+    notes: tuple[str, ...] = ()  # provenance worth showing beside every verdict (e.g. differences from the lock)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""`--backend auto|podman|docker|venv|nix`: which backend builds and runs this invocation's environments.
+"""`--backend auto|podman|docker|venv|nix|existing`: which backend builds and runs this invocation's environments.
 
 `auto` takes the first container engine that answers `info` (podman, then docker) and can get the base
 image of every environment this run will build (present locally, or pulled now), else a venv. A docker CLI
@@ -23,10 +23,12 @@ from servematrix.backends.container import (
     ContainerBackend,
     targets_from_plan,
 )
+from servematrix.backends.existing import ExistingBackend
 from servematrix.backends.venv import VenvBackend
 from servematrix.errors import InputError
+from servematrix.stages.build import axis_packages
 
-CHOICES = ("auto", "podman", "docker", "venv", "nix")
+CHOICES = ("auto", "podman", "docker", "venv", "nix", "existing")
 INFO_TIMEOUT_S = 30.0
 # A base image is pulled before the first build needs it; a CUDA devel image is several GB.
 PULL_TIMEOUT_S = 1800.0
@@ -91,6 +93,7 @@ def select_backend(
     probe: Callable[[str], str | None] = probe_tool,
     base_check: Callable[[str, str], str | None] = base_image_problem,
     notice: Callable[[str], None] = lambda line: None,
+    python: str | None = None,
 ) -> Backend:
     """The backend for `--backend NAME`. An explicitly named backend that does not work is an InputError.
 
@@ -100,11 +103,14 @@ def select_backend(
     extra_ca_bundle / base_image: for image builds; default from SERVEMATRIX_EXTRA_CA_BUNDLE /
     SERVEMATRIX_BASE_IMAGE, else none (the base then comes from the matrix's CUDA kind or the default).
     notice: where auto says, in one line, why it passed over a container engine.
+    python: the interpreter of `--backend existing` (default: this one).
     """
     if name not in CHOICES:
         raise InputError(f"--backend {name!r}: unknown backend (choices: {', '.join(CHOICES)})")
     if name == "venv":
         return VenvBackend(workdir / "envs")
+    if name == "existing":
+        return existing_backend(plan, builds, python)
     if name == "nix":
         from servematrix.backends.nix import nix_backend
 
@@ -134,6 +140,19 @@ def select_backend(
         if name != "auto":
             raise InputError(f"--backend {name}: {name} is not usable here: {why}")
     return VenvBackend(workdir / "envs")
+
+
+def existing_backend(plan: Any, builds: Sequence[str], python: str | None) -> ExistingBackend:
+    """`--backend existing`: refuse, before anything runs, a cell whose axis versions are not what is installed."""
+    backend = ExistingBackend(python)
+    if plan is not None:
+        envs = {c.env_id: c.env for c in plan.cells}
+        backend.refuse_mislabelled(
+            (f"environment {env_id} ({' '.join(f'{k}={v}' for k, v in envs[env_id].axes.items())})", package, version)
+            for env_id in builds
+            for package, version in axis_packages(envs[env_id], plan.spec.engine)
+        )
+    return backend
 
 
 def _path_from_env(variable: str) -> Path | None:

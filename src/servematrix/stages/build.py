@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from servematrix.backends import Backend, BuildInput, Built
 from servematrix.cells import Environment
 from servematrix.engines import Engine
@@ -27,6 +29,18 @@ def requirements(env: Environment, engine: Engine) -> tuple[tuple[str, ...], tup
         line = template.format(version=value)
         (overrides if axis in engine.pinnable else reqs).append(line)
     return (*reqs, *engine.requirements.extra), tuple(overrides)
+
+
+def axis_packages(env: Environment, engine: Engine) -> list[tuple[str, str]]:
+    """(package, version) for each version axis with a known value: `pinned` is the release's known pin."""
+    out = []
+    for axis in engine.axes:
+        template = engine.requirements.for_axis(axis)
+        value = env.effective(axis, engine.pins)
+        if template is None or value is None or value == PINNED:
+            continue
+        out.append((Requirement(template.format(version=value)).name, value))
+    return out
 
 
 def build(
