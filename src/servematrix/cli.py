@@ -265,6 +265,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from servematrix.report.publish import refuse_published
 
         refuse_published(report_table.parent)
+        if args.baseline is not None and not args.baseline.is_file():
+            raise InputError(f"--baseline {args.baseline}: no such file")
     options = RunOptions(
         stages=stages,
         store=args.store,
@@ -306,41 +308,50 @@ def _write_report(
     from_published: bool = False,
 ) -> list:  # type: ignore[type-arg]
     """The whole report beside `table`. A preview renders the store alone and writes no record; publishing
-    merges the store into the record beside the table (or renders that record alone: `from_published`)."""
+    merges the store into the record beside the table (or renders that record alone: `from_published`).
+    Everything is read and checked before anything is written."""
     from servematrix.report import publish as publishing
     from servematrix.report.regressions import published_rows
     from servematrix.report.site import build_report
 
     out_dir, store = table.parent, store_path or DEFAULT_STORE
+    record = out_dir / RECORD
+    if baseline is not None and not baseline.is_file():  # named, so a gate that compares with nothing is wrong
+        raise InputError(f"--baseline {baseline}: no such file")
     if not publish:
+        rows = publishing.store_rows(store)  # first: a lost store is the cause worth naming
         publishing.refuse_published(out_dir)
-        rows = publishing.store_rows(store)
-        result = build_report(
-            rows,
-            out_dir,
-            baseline=baseline or PUBLISHED_SITE / RECORD,
-            write_record=False,
-            markdown_name=table.name,
-        )
-        print(
-            f"wrote {result.markdown}, {result.html}, {len(result.plots)} plot(s) from {store} "
-            f"(a preview: nothing published; `servematrix report --publish` publishes)",
-            file=sys.stderr,
-        )
+        baseline = baseline or PUBLISHED_SITE / RECORD
+        publishing.read_record(baseline)
     else:
-        record = out_dir / RECORD
         published = publishing.read_record(record)
+        baseline = baseline or record
+        publishing.read_record(baseline)
         if from_published:
             if not published or not published["cells"]:
                 raise InputError(f"{record}: no published results to render")
             rows = published_rows(published)
-            print(f"rendering the published results {record} ({len(rows)} cell(s)); no store", file=sys.stderr)
+            done = f"rendered the published results {record} again ({len(rows)} cell(s)); no store"
         else:
             merged = publishing.merge_published(published, publishing.store_rows(store), prune=prune)
             rows = list(merged.rows)
-            print(merged.summary(record), file=sys.stderr)
-        result = build_report(rows, out_dir, baseline=baseline or record, results=record, markdown_name=table.name)
-        print(f"wrote {result.markdown}, {result.html}, {len(result.plots)} plot(s), {result.results}", file=sys.stderr)
+            done = merged.summary(record)
+    result = build_report(
+        rows,
+        out_dir,
+        baseline=baseline,
+        results=record,
+        write_record=publish,
+        markdown_name=table.name,
+    )
+    written = f"{result.markdown}, {result.html}, {len(result.plots)} plot(s)"
+    if publish:
+        print(f"wrote {written}, {result.results}\n{done}", file=sys.stderr)
+    else:
+        print(
+            f"wrote {written} from {store} (a preview: nothing published; `servematrix report --publish` publishes)",
+            file=sys.stderr,
+        )
     for regression in result.regressions:
         print(f"servematrix: 🔻 {regression}", file=sys.stderr)
     return list(result.regressions)

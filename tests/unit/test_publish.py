@@ -222,6 +222,21 @@ def test_from_published_renders_the_record_alone(project: Path, capsys: pytest.C
     assert "no published results" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("publish", [True, False])
+def test_a_named_baseline_that_is_missing_or_not_a_record_is_exit_2(
+    project: Path, capsys: pytest.CaptureFixture[str], publish: bool
+):
+    store = make_store(project / "s.sqlite", ("a", "r2", T2))
+    (project / "bad.json").write_text("{not json")
+    before = tree(project / "docs")
+    for baseline in ("missing.json", "bad.json"):
+        capsys.readouterr()
+        args = ["report", "--store", str(store), "--baseline", baseline, "--fail-on-regression"]
+        assert main([*args, *(["--publish"] if publish else [])]) == 2
+        assert capsys.readouterr().err.startswith("servematrix: error:")
+    assert tree(project / "docs") == before
+
+
 def test_a_regression_still_fails_the_gate_when_publishing(project: Path):
     slower = project / "slow.sqlite"
     with Store(slower) as store:

@@ -34,7 +34,8 @@ class Markdown(str):
 
 
 def _one_line(value: object) -> str:
-    return " ".join(str(value).split()) if value is not None else ""
+    """Every whitespace character a space: a line break would end a table row or a list item."""
+    return re.sub(r"[^\S ]", " ", str(value)) if value is not None else ""
 
 
 def text(value: object) -> Markdown:
