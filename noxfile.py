@@ -45,9 +45,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """The docs site: the generated report pages (servematrix report), then mkdocs build --strict into site/."""
+    """The docs site: its generated pages rendered again from the published results (docs/results/latest.json,
+    never a local store), then mkdocs build --strict into site/."""
     session.install(".", "mkdocs-material>=9.5")
-    session.run("servematrix", "report", *session.posargs)
+    session.run("servematrix", "report", "--publish", "--from-published", *session.posargs)
     session.run("mkdocs", "build", "--strict")
 
 

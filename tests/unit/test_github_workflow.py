@@ -20,7 +20,7 @@ from servematrix.cli import build_parser
 from servematrix.plan import GITHUB_MAX_JOBS, github_matrix, make_plan
 from servematrix.spec import load_spec
 from servematrix.store import Store
-from tests.conftest import MATRIX, REPO
+from tests.conftest import MATRIX, REPO, installed_tool
 
 pytest.importorskip("check_jsonschema", reason="check-jsonschema is not installed (the test extra has it)")
 from ruamel.yaml import YAML
@@ -109,7 +109,9 @@ def test_the_schema_check_is_not_vacuous(tmp_path):
 
 
 def test_the_scripts_pass_shellcheck():
-    done = subprocess.run(["shellcheck", *map(str, sorted(SCRIPTS.glob("*.sh")))], capture_output=True, text=True)
+    done = subprocess.run(
+        [installed_tool("shellcheck"), *map(str, sorted(SCRIPTS.glob("*.sh")))], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout
 
 

@@ -11,7 +11,7 @@ from servematrix.engines import load_engine
 from servematrix.pipeline import mode_check
 from servematrix.plan import make_plan
 
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "h200-sglang-0.5.12"
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 SGLANG = load_engine("sglang")
 
 MATRIX = """
@@ -44,27 +44,27 @@ def cells(write_matrix):
 
 
 def test_the_real_piecewise_log_proves_piecewise(cells):
-    result = mode_check(SGLANG, cells["0.5.12", "piecewise"], LOGS / "piecewise-server.log")
+    result = mode_check(SGLANG, cells["0.5.12", "piecewise"], LOGS / "h200-sglang-0.5.12-piecewise-server.log")
     assert str(result) == "pass"
     assert result.evidence[0].startswith("piecewise applied: [2026-12-03 06:27:30] Capture piecewise CUDA graph end")
 
 
 def test_the_real_baseline_log_proves_baseline(cells):
-    result = mode_check(SGLANG, cells["0.5.12", "baseline"], LOGS / "baseline-server.log")
+    result = mode_check(SGLANG, cells["0.5.12", "baseline"], LOGS / "h200-sglang-0.5.12-baseline-server.log")
     assert str(result) == "pass"
 
 
 def test_a_piecewise_cell_whose_server_silently_dropped_piecewise_does_not_pass(cells, tmp_path):
     # What GLM-5 on sglang 0.5.10-0.5.12 does without --enforce: the server serves, piecewise never ran.
     silent = tmp_path / "silent.log"
-    silent.write_text((LOGS / "baseline-server.log").read_text())
+    silent.write_text((LOGS / "h200-sglang-0.5.12-baseline-server.log").read_text())
     result = mode_check(SGLANG, cells["0.5.12", "piecewise"], silent)
     assert str(result) == "fail:mode-not-applied"
     assert "Capture piecewise CUDA graph end" in result.excerpt
 
 
 def test_a_baseline_cell_that_captured_piecewise_does_not_pass(cells):
-    result = mode_check(SGLANG, cells["0.5.12", "baseline"], LOGS / "piecewise-server.log")
+    result = mode_check(SGLANG, cells["0.5.12", "baseline"], LOGS / "h200-sglang-0.5.12-piecewise-server.log")
     assert str(result) == "fail:mode-not-applied"
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from servematrix.classify import load_signatures
 from servematrix.report import markdown
-from servematrix.report.plots import speedup_heatmap, throughput_plot, write_plots
+from servematrix.report.plots import SQUARE_STYLES, speedup_heatmap, throughput_plot, write_plots
 from servematrix.report.regressions import load_export, published_rows
 from servematrix.report.site import build_report, failure_classes, prediction, render_html
 from servematrix.store import Row
@@ -195,7 +195,7 @@ def test_failure_page_has_the_signature_text_and_the_cells(tmp_path: Path):
     assert f"# `dynamo-untraceable`: {signature.title}" in page
     assert signature.explanation.strip() in page
     assert signature.workaround.strip() in page
-    assert "`flashinfer fp4 JIT`" in page
+    assert "`flashinfer fp4 JIT`, `flashinfer JIT build_and_load`" in page  # the template's own text kept as is
     assert "[`a2`](../compatibility.html#cell-a2)" in page
     assert "[`b2`](../compatibility.html#cell-b2)" in page
     assert "Attempted to call function marked as skipped" in page
@@ -285,10 +285,11 @@ def test_heatmap_marks_failed_missing_and_measured_squares(tmp_path: Path):
     assert plot is not None and plot.path.name == "synthetic-sglang-speedup.svg"
     texts = _svg_texts(plot.path)
     assert "1.20×" in texts  # 0.5.12 / pinned on b200
-    joined = " ".join(texts)
-    assert joined.count("fails") == 2  # 0.5.9 with both flashinfers: observed and predicted failures
+    joined = " ".join(texts)  # a label's lines are separate text elements
+    # 0.5.9: an observed failure (pinned flashinfer) and a CPU prediction (0.6.12), each said as what it is.
+    assert joined.count("piecewise fails") == 1 and joined.count("piecewise predicted to fail") == 1
     assert "—" in texts  # 0.5.12 with flashinfer 0.6.12: not run
-    assert "n/a" in texts  # rtx-pro-6000: skipped, no speedup to show
+    assert "no GPU" in texts and "n/a" not in joined  # rtx-pro-6000: the host had no such GPU
     assert "gpu b200" in texts and "gpu rtx-pro-6000" in texts
     assert "sglang" in texts and "flashinfer" in texts
 
@@ -311,7 +312,7 @@ def test_plots_are_deterministic_and_skip_matrices_with_nothing_to_draw(tmp_path
     second = write_plots(sglang_rows(), tmp_path / "b")
     assert [p.path.read_bytes() for p in first] == [p.path.read_bytes() for p in second]
     nothing = [r for r in sglang_rows() if r["verdict"].startswith("skipped")]
-    assert [p.kind for p in write_plots(nothing, tmp_path / "c")] == ["speedup"]  # only "n/a" squares
+    assert [p.kind for p in write_plots(nothing, tmp_path / "c")] == ["speedup"]  # only "no GPU" squares
 
 
 def test_transformers_heatmap_uses_transformers_by_torch(tmp_path: Path):
@@ -358,3 +359,191 @@ def test_mkdocs_builds_the_site_strictly(tmp_path: Path):
     assert (built / "compatibility" / "index.html").is_file()
     assert (built / "failures" / "dynamo-untraceable" / "index.html").is_file()
     assert (built / "plots" / "synthetic-sglang-speedup.svg").is_file()
+
+
+# ------------------------------------------------------------------------- why a cell has no speedup
+
+
+def pair_rows() -> list[Row]:
+    """One environment per reason a piecewise speedup can be missing, on one heatmap."""
+    tok = metrics((1, 90, 100, 110))
+    cases = [
+        ("u", "0.5.9", "pinned", "b200", "unresolvable", "unresolvable"),
+        ("bf", "0.5.9", "0.6.12", "b200", "fail:cuda-oom", "fail:dynamo-untraceable"),
+        ("pr", "0.5.12", "pinned", "b200", "skipped:no-gpu", "predicted-fail:dynamo-untraceable"),
+        ("pf", "0.5.12", "0.6.12", "b200", "pass", "fail:dynamo-untraceable"),
+        ("na", "0.5.23", "pinned", "b200", "pass", "skipped:not-applicable"),
+        ("er", "0.5.23", "0.6.12", "b200", "pass", "error:harness"),
+        ("ng", "0.5.12", "pinned", "rtx-pro-6000", "skipped:no-gpu", "skipped:no-gpu"),
+    ]
+    rows = []
+    for cell, sglang, flashinfer, gpu, first, second in cases:
+        for mode, verdict in (("baseline", first), ("piecewise", second)):
+            rows.append(
+                row(f"{cell}-{mode}", sglang=sglang, flashinfer=flashinfer, gpu=gpu, mode=mode, verdict=verdict,
+                    tok=tok if verdict == "pass" else None)
+            )  # fmt: skip
+    return rows
+
+
+EXPECTED_REASONS = {
+    "u": "unresolvable",
+    "bf": "both fail",
+    "pr": "piecewise predicted to fail",
+    "pf": "piecewise fails",
+    "na": "n/a (mode not in version)",
+    "er": "harness error",
+    "ng": "no GPU",
+}
+
+
+def test_each_reason_for_a_missing_speedup_has_its_own_label():
+    rows = {r["cell_id"]: r for r in pair_rows()}
+    for cell, expected in EXPECTED_REASONS.items():
+        first, second = rows[f"{cell}-baseline"], rows[f"{cell}-piecewise"]
+        assert markdown.speedup(first, second) is None
+        assert markdown.no_speedup_text(markdown.no_speedup(first, second), "baseline", "piecewise") == expected
+    assert set(SQUARE_STYLES) == set(markdown.NO_SPEEDUP)  # every reason has a square style
+
+
+def test_markdown_and_html_say_why_there_is_no_speedup(tmp_path: Path):
+    build_report(pair_rows(), tmp_path, baseline=None, write_record=False)
+    table = (tmp_path / "compatibility.md").read_text()
+    column = {line.split("|")[1].strip() + "/" + line.split("|")[3].strip() + "/" + line.split("|")[5].strip():
+              line.rstrip(" |").rsplit("|", 1)[-1].strip()
+              for line in table.splitlines() if line.startswith("| 0.5.")}  # fmt: skip
+    assert column == {
+        "0.5.9/pinned/b200": "— unresolvable",
+        "0.5.9/0.6.12/b200": "— both fail",
+        "0.5.12/pinned/b200": "— piecewise predicted to fail",
+        "0.5.12/0.6.12/b200": "— piecewise fails",
+        "0.5.12/pinned/rtx-pro-6000": "— no GPU",
+        "0.5.23/pinned/b200": "— n/a (mode not in version)",
+        "0.5.23/0.6.12/b200": "— harness error",
+    }
+    html = (tmp_path / "compatibility.html").read_text()
+    for reason in EXPECTED_REASONS.values():
+        assert f'<small class="no-speedup">{reason}</small>' in html, reason
+
+
+def test_heatmap_tells_observed_failures_from_predictions_and_skips(tmp_path: Path):
+    plot = speedup_heatmap(SGLANG, pair_rows(), tmp_path)
+    assert plot is not None
+    joined = " ".join(_svg_texts(plot.path))
+    for reason in EXPECTED_REASONS.values():
+        assert joined.count(reason) == 1, (reason, joined)
+    svg = plot.path.read_text()
+    # Observed and predicted failures are drawn differently (face colour and hatch), not just labelled so.
+    observed, predicted = SQUARE_STYLES["second-fails"], SQUARE_STYLES["predicted"]
+    assert observed != predicted
+    assert observed[0] in svg and predicted[0] in svg  # the squares' faces (hatched ones as pattern fills)
+
+
+# ------------------------------------------------------------------------------- markup stays text
+
+EVIL_GPU = "<script>alert(1)</script>"
+EVIL_MATRIX = "matrix/<img src=x onerror=alert(2)>.toml"
+EVIL_EXCERPT = "Traceback\n<b>bold</b> <script>alert(3)</script> | `tick` [x](javascript:alert(4)) <img src=y>"
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def _live_markup(html: str, *, own_scripts: int = 0, own_handlers: int = 0) -> list[str]:
+    """What in `html` would act: script elements and event handlers beyond the page's own, javascript: links,
+    and the tags the attack used."""
+    page = _Tags()
+    page.feed(html)
+    found = [f"<{tag}>" for tag, _ in page.tags if tag in ("b", "svg", "iframe")]
+    found += [  # the report's own images: the plots, inline or as files
+        f"<img src={a.get('src')}>"
+        for tag, a in page.tags
+        if tag == "img" and not re.fullmatch(r"data:image/svg\+xml;base64,.*|plots/[\w.-]+\.svg", a.get("src") or "")
+    ]
+    handlers = [f"{tag} {k}" for tag, a in page.tags for k in a if k.startswith("on")]
+    if len(handlers) != own_handlers:
+        found += handlers
+    found += [f"{tag} href" for tag, a in page.tags if "javascript:" in (a.get("href") or "")]
+    scripts = sum(1 for tag, _ in page.tags if tag == "script")
+    if scripts != own_scripts:
+        found.append(f"{scripts} script element(s)")
+    return found
+
+
+def _visible_text(html: str) -> str:
+    page = _Tags()
+    page.feed(html)
+    return "".join(page.text)
+
+
+def _site_markdown(text: str) -> str:
+    """Markdown rendered as the docs site renders it (mkdocs.yml's extensions)."""
+    md = pytest.importorskip("markdown")
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    extensions = [e if isinstance(e, str) else next(iter(e)) for e in config["markdown_extensions"]]
+    return md.markdown(text, extensions=extensions)
+
+
+def test_markup_in_merged_rows_stays_text_on_every_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A GPU kind, a matrix file name and a log excerpt carrying markup, arriving through `merge`: escaped in
+    the HTML page, the Markdown pages (as mkdocs renders them) and the SVGs. A failure class that is not a plain
+    name names no page file."""
+    from servematrix.cli import main
+    from servematrix.store import Store
+
+    monkeypatch.chdir(tmp_path)
+    evil = {"axes": {"sglang": "0.5.9", "torch": "pinned", "flashinfer": "pinned", "cuda": "13.0", "gpu": EVIL_GPU},
+            "matrix": EVIL_MATRIX, "excerpt": EVIL_EXCERPT, "evidence": ["<b>evidence</b>"],
+            "host": {"cpu": "<b>cpu</b>", "gpu_sku": EVIL_GPU, "driver": "<b>1</b>"}}  # fmt: skip
+    rows = [
+        row("e1", sglang="0.5.9", flashinfer="pinned", mode="baseline", verdict="pass",
+            tok=metrics((1, 90, 100, 110), (4, 300, 320, 330)), **evil),
+        row("e2", sglang="0.5.9", flashinfer="pinned", mode="piecewise", verdict="fail:dynamo-untraceable", **evil),
+        row("e3", sglang="0.5.9", flashinfer="0.6.12", mode="baseline", verdict="fail:<svg onload=alert(5)>",
+            **{**evil, "axes": {**evil["axes"], "flashinfer": "0.6.12"}}),
+        row("e4", sglang="0.5.9", flashinfer="0.6.12", mode="piecewise", verdict="fail:../../../outside",
+            **{**evil, "axes": {**evil["axes"], "flashinfer": "0.6.12"}}),
+    ]  # fmt: skip
+    with Store(tmp_path / "shard.sqlite") as shard:
+        for r in rows:
+            shard.record(**{k: v for k, v in r.values.items() if k != "status"})
+    assert main(["merge", "merged.sqlite", "shard.sqlite"]) == 0
+    assert main(["report", "--store", "merged.sqlite", "--out", "site/docs"]) == 0
+    site = tmp_path / "site" / "docs"
+
+    html = (site / "compatibility.html").read_text()
+    assert _live_markup(html, own_scripts=1, own_handlers=1) == []  # its script, and its filter form's onsubmit
+    shown = _visible_text(html)
+    assert EVIL_GPU in shown and "<b>bold</b> <script>alert(3)</script>" in shown and EVIL_MATRIX in shown
+
+    pages = [site / "compatibility.md", *sorted((site / "failures").glob("*.md"))]
+    for page in pages:
+        rendered = _site_markdown(page.read_text())
+        assert _live_markup(rendered) == [], page.name
+    table = _site_markdown((site / "compatibility.md").read_text())
+    assert EVIL_GPU in _visible_text(table) and EVIL_MATRIX in _visible_text(table)
+    assert "<b>bold</b> <script>alert(3)</script>" in _visible_text(table)  # the excerpt's line, as text
+    failure = _site_markdown((site / "failures" / "dynamo-untraceable.md").read_text())
+    assert "<b>bold</b> <script>alert(3)</script> | `tick`" in _visible_text(failure)
+
+    # Class names that are not plain names get no page: nothing written outside failures/, no odd file names.
+    assert not (tmp_path / "outside.md").exists() and not (tmp_path / "site" / "outside.md").exists()
+    assert all(re.fullmatch(r"[a-z0-9.-]+\.md", p.name) for p in (site / "failures").iterdir())
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+\.svg", p.name) for p in (site / "plots").iterdir())
+
+    for svg in (site / "plots").glob("*.svg"):
+        tags = {el.tag.rsplit("}", 1)[-1] for el in ET.parse(svg).getroot().iter()}
+        assert not tags & {"script", "img", "b", "foreignObject"}, (svg.name, tags)
+    heatmap = next((site / "plots").glob("*-speedup.svg"))
+    assert f"gpu {EVIL_GPU}" in _svg_texts(heatmap)  # shown as the text it is

@@ -17,7 +17,7 @@ from servematrix.errors import InputError
 from servematrix.plan import make_plan
 from servematrix.slurm import SlurmError, add_submit_parser, options_from_args, prepare, submit, wait
 from servematrix.store import Store
-from tests.conftest import MATRIX
+from tests.conftest import MATRIX, installed_tool
 
 GLM5 = MATRIX / "glm5-nvfp4.toml"
 SMOKE = MATRIX / "cpu-smoke.toml"
@@ -146,7 +146,7 @@ def test_the_scripts_pass_shellcheck(tmp_path):
     )
     submission = prepare(options)
     scripts = [str(a.script) for a in submission.arrays] + [str(submission.merge_script)]
-    done = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, check=False)
+    done = subprocess.run([installed_tool("shellcheck"), *scripts], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout
 
 

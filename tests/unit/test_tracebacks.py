@@ -6,11 +6,11 @@ from pathlib import Path
 
 from servematrix.tracebacks import import_conflict, packages_in_order
 
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "h200-sglang-0.5.12"
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
 
 def test_the_kernels_break_names_both_packages():
-    found = import_conflict((LOGS / "kernels-0.17.2-break.log").read_text())
+    found = import_conflict((LOGS / "h200-sglang-0.5.12-kernels-0.17.2-break.log").read_text())
     assert found is not None
     assert (found.imported_by, found.raised_in) == ("transformers", "kernels")
     assert found.chain == ("sglang", "transformers", "kernels")
@@ -20,7 +20,9 @@ def test_the_kernels_break_names_both_packages():
 
 def test_the_same_in_a_site_packages_venv_with_log_prefixes(tmp_path):
     text = (
-        (LOGS / "kernels-0.17.2-break.log").read_text().replace("/tmp/site/", "/opt/env/lib/python3.12/site-packages/")
+        (LOGS / "h200-sglang-0.5.12-kernels-0.17.2-break.log")
+        .read_text()
+        .replace("/tmp/site/", "/opt/env/lib/python3.12/site-packages/")
     )
     text = "[2026-12-03 06:00:00] starting\n" + text
     found = import_conflict(text)
@@ -28,8 +30,10 @@ def test_the_same_in_a_site_packages_venv_with_log_prefixes(tmp_path):
 
 
 def test_a_missing_module_or_a_runtime_error_is_not_an_import_conflict():
-    assert import_conflict((LOGS / "ipython-missing.log").read_text()) is None
-    assert import_conflict((LOGS / "grpc-port-break.log").read_text()) is None  # one package, at run time
+    assert import_conflict((LOGS / "h200-sglang-0.5.12-ipython-missing.log").read_text()) is None
+    assert (
+        import_conflict((LOGS / "h200-sglang-0.5.12-grpc-port-break.log").read_text()) is None
+    )  # one package, at run time
     assert import_conflict("no traceback here\n") is None
 
 

@@ -1,8 +1,9 @@
 """docs/compatibility.md from the store: one row per environment, one column group per mode.
 
 Each mode shows its verdict and the client's measured output tok/s at each concurrency (median of the
-repeats). The speedup is the second mode over the first at the highest concurrency both measured. Every
-cell has a reproduce command.
+repeats). The speedup is the second mode over the first at the highest concurrency both measured; where
+there is none, the column says why (`NO_SPEEDUP`). Every cell has a reproduce command. Every field of a
+row is escaped (`report.escape`): rows may come from any merged store.
 
 When the whole report is built (`servematrix.report.site.build_report`), failed verdicts link to their
 failure class's page, regressions against the published results are marked 🔻 and listed, and the
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.version import InvalidVersion, Version
 
 from servematrix.engines import load_engine
+from servematrix.report.escape import code, is_slug, text
 from servematrix.store import Row
 
 if TYPE_CHECKING:
@@ -68,7 +70,84 @@ def speedup(first: Row | None, second: Row | None) -> tuple[float, int] | None:
 
 
 def reproduce(row: Row) -> str:
-    return shlex.join(["servematrix", "run", row["matrix"], "--select", f"id={row['cell_id']}", "--rerun"])
+    """The command that runs this cell again, on the backend it ran on. Rows stored before the backend was
+    recorded name none: the command then picks one (`auto`), rather than naming one that may be wrong."""
+    backend = row.get("backend")
+    return shlex.join(
+        [
+            "servematrix",
+            "run",
+            row["matrix"],
+            "--select",
+            f"id={row['cell_id']}",
+            *(["--backend", str(backend)] if backend else []),
+            "--rerun",
+        ]
+    )
+
+
+# Why a pair of cells (first mode, second mode) has no speedup, most decisive first: a square of the heatmap
+# that holds several environments shows the first of these that applies to any of them. `{first}` and
+# `{second}` are the mode names.
+NO_SPEEDUP = {
+    "second-fails": "{second} fails",
+    "both-fail": "both fail",
+    "first-fails": "{first} fails",
+    "predicted": "{second} predicted to fail",
+    "first-predicted": "{first} predicted to fail",
+    "unresolvable": "unresolvable",
+    "error": "harness error",
+    "not-measured": "not measured",
+    "no-gpu": "no GPU",
+    "not-applicable": "n/a (mode not in version)",
+    "skipped": "skipped",
+    "no-first": "{first} not run",
+    "not-run": "not run",
+}
+# skipped:<reason> -> its NO_SPEEDUP status
+SKIP_REASONS = {"no-gpu": "no-gpu", "not-applicable": "not-applicable", "stages": "not-run"}
+
+
+def _kind_detail(row: Row | None) -> tuple[str, str]:
+    if row is None:
+        return "", ""
+    kind, _, detail = str(row["verdict"] or "").partition(":")
+    return kind, detail
+
+
+def no_speedup(first: Row | None, second: Row | None) -> str:
+    """The NO_SPEEDUP status of a pair `speedup` gives no ratio for. An observed failure of the second mode
+    is told apart from a failed first mode, from a CPU-only prediction, from an environment that cannot be
+    installed, and from a mode the host could not run (no GPU) or the version does not have."""
+    (fk, fd), (sk, sd) = _kind_detail(first), _kind_detail(second)
+    kinds = {fk, sk}
+    if first is None and second is None:
+        return "not-run"
+    if "unresolvable" in kinds:
+        return "unresolvable"
+    if fk == "fail":
+        return "both-fail" if sk == "fail" else "first-fails"
+    if sk == "fail":
+        return "second-fails"
+    if sk == "predicted-fail":
+        return "predicted"
+    if fk == "predicted-fail":
+        return "first-predicted"
+    if kinds & {"error", "interrupted"}:
+        return "error"
+    if sk == "skipped":
+        return SKIP_REASONS.get(sd, "skipped")
+    if fk == "skipped":
+        return SKIP_REASONS.get(fd, "skipped")
+    if second is None:
+        return "not-run"
+    if first is None:
+        return "no-first"
+    return "not-measured"
+
+
+def no_speedup_text(status: str, first_mode: str, second_mode: str) -> str:
+    return NO_SPEEDUP[status].format(first=first_mode, second=second_mode)
 
 
 def render(rows: Sequence[Row], title: str = "Compatibility", extras: Extras = NO_EXTRAS) -> str:
@@ -93,13 +172,14 @@ def _regressions(extras: Extras) -> str:
     if extras.baseline is None:
         return ""
     if not extras.regressions:
-        return f"No regressions against the published results ({extras.baseline}).\n"
+        return f"No regressions against the published results ({text(extras.baseline)}).\n"
     lines = [
-        f"**{REGRESSED} {len(extras.regressions)} regression(s)** against the published results ({extras.baseline}):\n"
+        f"**{REGRESSED} {len(extras.regressions)} regression(s)** against the published results "
+        f"({text(extras.baseline)}):\n"
     ]
     for reg in extras.regressions:
         axes = " ".join(f"{k}={v}" for k, v in reg.axes.items())
-        lines.append(f"- {REGRESSED} cell `{reg.cell_id}` ({axes} mode={reg.mode}): {reg.reason}")
+        lines.append(f"- {REGRESSED} cell {code(reg.cell_id)} ({text(axes)} mode={text(reg.mode)}): {text(reg.reason)}")
     lines.append("")
     return "\n".join(lines)
 
@@ -112,12 +192,12 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
     envs: dict[str, dict[str, Row]] = {}
     for row in rows:
         envs.setdefault(row["env_id"], {})[row["mode"]] = row
-    header = [*axes]
+    header = [text(a) for a in axes]
     for mode in modes:
-        header += [mode] + [f"{mode} tok/s @{c}" for c in concurrencies]
+        header += [text(mode)] + [text(f"{mode} tok/s @{c}") for c in concurrencies]
     if len(modes) >= 2:
-        header.append(f"{modes[1]} / {modes[0]}")
-    lines = [f"## `{matrix}`\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        header.append(text(f"{modes[1]} / {modes[0]}"))
+    lines = [f"## {code(matrix)}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cells in sorted(envs.values(), key=lambda cells: [version_key(_axis_value(cells, a)) for a in axes]):
         any_row = next(iter(cells.values()))
         line = [_axis(any_row, a) for a in axes]
@@ -132,13 +212,15 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
                 for c in concurrencies
             ]
         if len(modes) >= 2:
-            ratio = speedup(cells.get(modes[0]), cells.get(modes[1]))
-            line.append(f"**{ratio[0]:.2f}×** @{ratio[1]}" if ratio else "—")
+            first, second = cells.get(modes[0]), cells.get(modes[1])
+            ratio = speedup(first, second)
+            why = no_speedup_text(no_speedup(first, second), modes[0], modes[1]) if not ratio else ""
+            line.append(f"**{ratio[0]:.2f}×** @{ratio[1]}" if ratio else f"— {text(why)}")
         lines.append("| " + " | ".join(line) + " |")
     lines.append("")
-    lines.append(provenance(rows))
+    lines.append(provenance_markdown(rows))
     for plot_title, link in extras.plots.get(matrix, ()):
-        lines.append(f"![{plot_title}]({link})\n")
+        lines.append(f"![{text(plot_title)}]({link})\n")
     lines.append(_details(rows, axes, modes))
     return "\n".join(lines)
 
@@ -148,7 +230,7 @@ def _axis_value(cells: Mapping[str, Row], axis: str) -> str:
 
 
 def _axis(row: Row, axis: str) -> str:
-    value = str(row["axes"][axis])
+    value = text(row["axes"][axis])
     crossed = row.get("crossed_pins") or {}
     if any(axis in name for name in crossed):
         return f"{value} (crosses pin)"
@@ -166,21 +248,24 @@ def version_key(value: str) -> tuple[int, Version | str]:
 
 
 def failure_class(verdict: str) -> str | None:
-    """The failure class a verdict names (`fail:<class>`, `predicted-fail:<class>`), if any."""
+    """The failure class a verdict names (`fail:<class>`, `predicted-fail:<class>`), if any. A class names a
+    page file and an anchor, so a verdict from a merged store whose class is not a plain name (a path, markup)
+    names none: it is shown as text, linked nowhere."""
     kind, _, detail = verdict.partition(":")
-    return detail if kind in ("fail", "predicted-fail") and detail else None
+    return detail if kind in ("fail", "predicted-fail") and detail and is_slug(detail) else None
 
 
 def _verdict(row: Row | None, pages: Mapping[str, str] | Collection[str] = (), *, flagged: bool = False) -> str:
     if row is None:
         return "—"
-    text = str(row["verdict"])
+    verdict = str(row["verdict"])
     evidence = row.get("evidence") or []
     if evidence:
-        text += f" ({', '.join(evidence)})"
-    icon = "✅" if text == "pass" else "❌" if text.startswith(("fail", "unresolvable")) else "⚠️"
+        verdict += f" ({', '.join(str(e) for e in evidence)})"
+    icon = "✅" if verdict == "pass" else "❌" if verdict.startswith(("fail", "unresolvable")) else "⚠️"
     cls = failure_class(str(row["verdict"]))
-    shown = f"[`{text}`]({pages[cls]})" if cls and isinstance(pages, Mapping) and cls in pages else f"`{text}`"
+    page = pages.get(cls) if cls and isinstance(pages, Mapping) else None
+    shown = f"[{code(verdict)}]({page})" if page else code(verdict)
     return f"{icon} {shown}" + (f" {REGRESSED}" if flagged else "")
 
 
@@ -192,6 +277,10 @@ def provenance(rows: list[Row]) -> str:
         f"Measured on: {'; '.join(hosts)}. Runs finished {span}. tok/s is the benchmark client's "
         "count of server-reported completion tokens per second (median of repeats).\n"
     )
+
+
+def provenance_markdown(rows: list[Row]) -> str:
+    return text(provenance(rows).strip()) + "\n"
 
 
 def _host(host: dict[str, Any]) -> str:
@@ -214,14 +303,21 @@ def cell_order(row: Row, axes: Sequence[str], modes: Sequence[str]) -> tuple[Any
 def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str]) -> str:
     lines = ['<details markdown="1"><summary>Cells: verdict evidence and reproduce commands</summary>\n']
     for row in sorted(rows, key=lambda r: cell_order(r, axes, modes)):
-        lines.append(f"- `{row['cell_id']}` {axes_text(row, axes)} mode={row['mode']}: `{row['verdict']}`")
+        lines.append(
+            f"- {code(row['cell_id'])} {text(axes_text(row, axes))} mode={text(row['mode'])}: {code(row['verdict'])}"
+        )
         excerpt = (row.get("excerpt") or "").strip()
         if excerpt and row["verdict"] != "pass":
-            first = excerpt.splitlines()[-1][:200]
-            lines.append(f"  - evidence: `{first}`")
-        lines.append(f"  - reproduce: `{reproduce(row)}`")
+            lines.append(f"  - evidence: {code(last_line(excerpt))}")
+        lines.append(f"  - reproduce: {code(reproduce(row))}")
     lines.append("\n</details>\n")
     return "\n".join(lines)
+
+
+def last_line(excerpt: str, limit: int = 200) -> str:
+    """The deciding line of an excerpt (its last), cut to `limit` characters."""
+    lines = excerpt.strip().splitlines()
+    return lines[-1][:limit] if lines else ""
 
 
 def write(rows: Sequence[Row], out: Path, title: str = "Compatibility", extras: Extras = NO_EXTRAS) -> Path:

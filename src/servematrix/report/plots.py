@@ -7,6 +7,7 @@ nothing changes no file in the docs.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,8 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import TwoSlopeNorm
 
 from servematrix.engines import load_engine
-from servematrix.report.markdown import speedup, version_key
+from servematrix.report.escape import slug
+from servematrix.report.markdown import NO_SPEEDUP, no_speedup, no_speedup_text, speedup, version_key
 from servematrix.report.regressions import spreads
 from servematrix.store import Row
 
@@ -28,10 +30,30 @@ from servematrix.store import Row
 # flashinfer version, not torch). Engines not listed use their second version axis.
 HEATMAP_AXIS = {"sglang": "flashinfer"}
 MODE_STYLES = ("-", "--", ":", "-.")
-STATUS_COLORS = {"fail": "#f4c7c3", "n/a": "#eeeeee", "none": "#ffffff"}
+# How a square without a speedup looks, per `markdown.NO_SPEEDUP` status: (face, hatch, edge). Observed
+# failures red and hatched; CPU-only predictions lighter, dotted, with a lighter edge, so they never read
+# as observed; environments that cannot be installed grey; what the host could not run or the version does
+# not have pale and plain; what was not run blank.
+SQUARE_STYLES: dict[str, tuple[str, str | None, str]] = {
+    "second-fails": ("#f4c7c3", "//", "#999999"),
+    "both-fail": ("#e3aaa4", "xx", "#999999"),
+    "first-fails": ("#f4c7c3", "\\\\", "#999999"),
+    "predicted": ("#fcefed", "..", "#cccccc"),
+    "first-predicted": ("#fcefed", "..", "#cccccc"),
+    "unresolvable": ("#d9d9d9", "--", "#999999"),
+    "error": ("#fff3cd", None, "#999999"),
+    "not-measured": ("#ffffff", None, "#999999"),
+    "no-gpu": ("#eaf0f8", None, "#999999"),
+    "not-applicable": ("#eeeeee", None, "#999999"),
+    "skipped": ("#eeeeee", None, "#999999"),
+    "no-first": ("#ffffff", None, "#999999"),
+    "not-run": ("#ffffff", None, "#999999"),
+}
 STYLE: Any = {  # rc parameters (matplotlib types their names as literals)
     "svg.hashsalt": "servematrix",
     "svg.fonttype": "none",
+    # Names from the rows (GPU kinds, versions) are text, never mathtext: a `$` must not start a formula.
+    "text.parse_math": False,
     "font.size": 9,
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -47,11 +69,13 @@ class Plot:
 
 
 def matrix_slug(matrix: str) -> str:
-    return Path(matrix).stem or "matrix"
+    """The matrix's file stem, fit for a file name and a link (rows may come from any merged store)."""
+    return slug(Path(matrix).stem, "matrix")
 
 
 def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
-    """Every plot for every matrix in `rows`, written under `out_dir`; matrices with nothing to draw get none."""
+    """Every plot for every matrix in `rows`, written under `out_dir`; matrices with nothing to draw get none.
+    Plots of matrices no longer in the rows (pruned from the published results) are removed."""
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
         by_matrix.setdefault(row["matrix"], []).append(row)
@@ -61,6 +85,10 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
         for plot in (throughput_plot(matrix, group, out_dir), speedup_heatmap(matrix, group, out_dir)):
             if plot is not None:
                 plots.append(plot)
+    keep = {p.path.name for p in plots}
+    for stale in out_dir.glob("*.svg"):
+        if stale.name not in keep:
+            stale.unlink()
     return plots
 
 
@@ -157,28 +185,40 @@ def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
 class _HeatCell:
     value: float | None
     label: str
-    status: str  # value | fail | n/a | none
+    status: str  # value, or a NO_SPEEDUP status
 
 
-def _heat_cell(pairs: list[tuple[Row | None, Row | None]], second_mode: str) -> _HeatCell:
+NOT_RUN = _HeatCell(None, "—", "not-run")
+
+
+def _heat_cell(pairs: list[tuple[Row | None, Row | None]], first_mode: str, second_mode: str) -> _HeatCell:
+    """A square: the median speedup of its environments; else why there is none, the most decisive reason
+    any of them has (`NO_SPEEDUP` order), with how many of them have it when they differ."""
     ratios = [r[0] for first, second in pairs if (r := speedup(first, second)) is not None]
     if ratios:
         value = statistics.median(ratios)
         suffix = f"\n(n={len(ratios)})" if len(ratios) > 1 else ""
         return _HeatCell(value, f"{value:.2f}×{suffix}", "value")
-    second_kinds = {str(s["verdict"]).partition(":")[0] for _f, s in pairs if s is not None}
-    if second_kinds & {"fail", "predicted-fail", "unresolvable"}:
-        return _HeatCell(None, f"{second_mode}\nfails", "fail")
-    if second_kinds:
-        return _HeatCell(None, "n/a", "n/a")
-    return _HeatCell(None, "—", "none")
+    statuses = [no_speedup(first, second) for first, second in pairs]
+    status = min(statuses, key=list(NO_SPEEDUP).index)
+    if status == "not-run":
+        return NOT_RUN
+    label = textwrap.fill(no_speedup_text(status, first_mode, second_mode), width=11, break_long_words=False)
+    count = statuses.count(status)
+    if count < len(statuses):
+        label += f"\n({count} of {len(statuses)})"
+    elif count > 1:
+        label += f"\n(n={count})"
+    return _HeatCell(None, label, status)
 
 
 def speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
     """Second mode over first (the table's speedup) over (engine version) × (second axis), one panel per GPU.
 
     A square holding several environments (other axes vary) shows their median and n. Squares with no
-    speedup say why: the second mode failed, was not applicable, or the combination was not run."""
+    speedup say why, each reason in its own style (`SQUARE_STYLES`): the second mode failed, both did, the
+    first did, a CPU-only prediction, unresolvable, a harness error, no GPU on the host, the mode not in the
+    version, or not run."""
     with plt.rc_context(STYLE):
         return _speedup_heatmap(matrix, rows, out_dir)
 
@@ -202,7 +242,7 @@ def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
         axes = next(iter(cells.values()))["axes"]
         key = (str(axes.get("gpu")), str(axes[x_axis]), str(axes[y_axis]))
         grid.setdefault(key, []).append((cells.get(first_mode), cells.get(second_mode)))
-    heat = {key: _heat_cell(pairs, second_mode) for key, pairs in grid.items()}
+    heat = {key: _heat_cell(pairs, first_mode, second_mode) for key, pairs in grid.items()}
     values = [c.value for c in heat.values() if c.value is not None]
     low, high = min([*values, 0.9]), max([*values, 1.1])
     norm = TwoSlopeNorm(vmin=min(low, 0.99), vcenter=1.0, vmax=max(high, 1.01))
@@ -213,25 +253,21 @@ def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
     )
     image = None
     for ax, gpu in zip(axes_row.flat, gpus, strict=True):
-        data = [[heat.get((gpu, x, y), _HeatCell(None, "—", "none")) for x in xs] for y in ys]
+        data = [[heat.get((gpu, x, y), NOT_RUN) for x in xs] for y in ys]
         numbers = [[c.value if c.value is not None else float("nan") for c in line] for line in data]
         image = ax.imshow(numbers, cmap=cmap, norm=norm, aspect="auto")
         for yi, line in enumerate(data):
             for xi, cell in enumerate(line):
                 if cell.status != "value":
+                    face, hatch, edge = SQUARE_STYLES[cell.status]
                     ax.add_patch(
                         plt.Rectangle(
-                            (xi - 0.5, yi - 0.5),
-                            1,
-                            1,
-                            facecolor=STATUS_COLORS[cell.status],
-                            edgecolor="#999999",
-                            hatch="//" if cell.status == "fail" else None,
-                            linewidth=0.5,
+                            (xi - 0.5, yi - 0.5), 1, 1, facecolor=face, edgecolor=edge, hatch=hatch, linewidth=0.5
                         )
                     )
                 dark = cell.value is not None and not 0.2 < norm(cell.value) < 0.8
-                ax.text(xi, yi, cell.label, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+                size = 8 if cell.value is not None else 7
+                ax.text(xi, yi, cell.label, ha="center", va="center", fontsize=size, color="white" if dark else "black")
         ax.set_xticks(range(len(xs)), xs, rotation=45 if len(xs) > 6 else 0, ha="right" if len(xs) > 6 else "center")
         ax.set_yticks(range(len(ys)), ys)
         ax.set_xlabel(x_axis)

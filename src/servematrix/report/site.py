@@ -8,12 +8,15 @@ disk with no server and no network. Its table sorts by any column and filters by
 the filters are also read from the page's query string (`compatibility.html?mode=piecewise&verdict=fail`),
 so a filtered view can be linked. Failure classes are explained in the page itself; the docs site has a
 page per class (`failures/<class>.md`).
+
+Every field of a row is escaped where it lands: Jinja's autoescape on the HTML page, `report.escape` on the
+Markdown pages (their templates' every `{{ }}` goes through it), matplotlib in the SVGs. Rows may come from
+any merged store, and mkdocs passes raw HTML in Markdown through.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,12 +28,15 @@ import jinja2
 
 from servematrix.classify import Signature, load_signatures
 from servematrix.engines import available_engines, load_engine
-from servematrix.report import markdown
+from servematrix.report import escape, markdown
 from servematrix.report.markdown import (
     Extras,
     axes_text,
     cell_order,
     failure_class,
+    last_line,
+    no_speedup,
+    no_speedup_text,
     reproduce,
     speedup,
     tok_s,
@@ -62,7 +68,7 @@ class ReportResult:
     html: Path
     plots: tuple[Path, ...]
     failure_pages: tuple[Path, ...]
-    results: Path  # the JSON record written for the next comparison
+    results: Path | None  # the JSON record written for the next comparison; None for a preview
     regressions: tuple[Regression, ...]
     baseline: Path | None  # the record compared with, if there was one
 
@@ -73,14 +79,17 @@ def build_report(
     *,
     baseline: Path | None,
     results: Path | None = None,
+    write_record: bool = True,
     title: str = "Compatibility",
     markdown_name: str = MARKDOWN_NAME,
 ) -> ReportResult:
     """Write the report for `rows` under `out_dir`, comparing with the published record at `baseline`.
 
-    `results` is where the new record goes (default `out_dir/results/latest.json`); `markdown_name` names
-    the table's file (`servematrix run --report PATH` picks it). The record may be the baseline itself: the baseline is read first, and the record keeps what each cell was compared with, so building
-    the same report twice flags the same regressions."""
+    `results` is where the new record goes (default `out_dir/results/latest.json`; none at all without
+    `write_record`, for a preview that publishes nothing); `markdown_name` names the table's file
+    (`servematrix run --report PATH` picks it). The record may be the baseline itself: the baseline is read
+    first, and the record keeps what each cell was compared with, so building the same report twice flags
+    the same regressions."""
     previous = load_export(baseline) if baseline is not None else None
     regressions = tuple(detect_regressions(rows, previous))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +112,11 @@ def build_report(
         out_dir / HTML_NAME,
         render_html(rows, title=title, plots=plots, regressions=regressions, baseline=shown_baseline),
     )
-    results_path = write_export(export_results(rows, previous=previous), results or out_dir / RESULTS_PATH)
+    results_path = (
+        write_export(export_results(rows, previous=previous), results or out_dir / RESULTS_PATH)
+        if write_record
+        else None
+    )
     return ReportResult(
         markdown=md_path,
         html=html_path,
@@ -116,10 +129,14 @@ def build_report(
 
 
 def _shown(path: Path, out_dir: Path) -> str:
-    try:
-        return path.resolve().relative_to(out_dir.resolve()).as_posix()
-    except ValueError:
-        return path.name
+    """The baseline as readers see it: relative to the report, else to the project, else its name only (no
+    host paths in a page)."""
+    for root in (out_dir, Path.cwd()):
+        try:
+            return path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            continue
+    return path.name
 
 
 def _write_text(path: Path, text: str) -> Path:
@@ -130,16 +147,29 @@ def _write_text(path: Path, text: str) -> Path:
     return path
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
+def _environment(**options: Any) -> jinja2.Environment:
+    return jinja2.Environment(
         loader=jinja2.PackageLoader("servematrix.report", "templates"),
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html",), default_for_string=False),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        **options,
     )
-    env.filters["tojson_attr"] = lambda value: json.dumps(value, sort_keys=True)
+
+
+def _html_environment() -> jinja2.Environment:
+    """For the HTML page: every `{{ }}` HTML-escaped (only the page's own CSS and JS are marked safe)."""
+    return _environment(autoescape=True)
+
+
+def _markdown_environment() -> jinja2.Environment:
+    """For the Markdown pages: every `{{ }}` is escaped as Markdown text unless a filter made it Markdown
+    already: `code` (inline code), `markdown` (the project's own signature text), `fragment` (a link part)."""
+    env = _environment(autoescape=False, finalize=escape.text)
+    env.filters["code"] = escape.code
+    env.filters["markdown"] = escape.Markdown
+    env.filters["fragment"] = lambda value: escape.Markdown(escape.fragment(value))
     return env
 
 
@@ -188,7 +218,7 @@ def write_failure_pages(
 ) -> list[Path]:
     """`<class>.md` for every class (explanation and workaround from the signature data, then the cells that
     failed with it) and `index.md`. Pages of classes that no longer exist are removed."""
-    env = _environment()
+    env = _markdown_environment()
     out_dir.mkdir(parents=True, exist_ok=True)
     by_class: dict[str, list[Row]] = {}
     for row in rows:
@@ -213,15 +243,14 @@ def write_failure_pages(
 
 
 def _failure_cell(row: Row) -> dict[str, Any]:
-    excerpt = (row.get("excerpt") or "").strip()
     return {
         "id": row["cell_id"],
         "matrix": row["matrix"],
         "axes": axes_text(row, _engine_axes(row)),
         "mode": row["mode"],
         "verdict": row["verdict"],
-        "evidence": ", ".join(row.get("evidence") or []),
-        "line": excerpt.splitlines()[-1][:200].replace("`", "'") if excerpt else "",
+        "evidence": ", ".join(str(e) for e in row.get("evidence") or []),
+        "line": last_line(row.get("excerpt") or ""),
         "reproduce": reproduce(row),
     }
 
@@ -257,7 +286,7 @@ def render_html(
     ]
     counts = {kind: sum(1 for r in rows if _kind(r) == kind) for kind in VERDICT_KINDS}
     return (
-        _environment()
+        _html_environment()
         .get_template("page.html.j2")
         .render(
             title=title,
@@ -338,9 +367,10 @@ def _cell_view(
 ) -> dict:
     values = spreads(row.get("metrics"))
     medians = tok_s(row)
-    ratio = None
+    ratio, why = None, ""
     if len(modes) > 1 and row["mode"] == modes[1]:
         ratio = speedup(env.get(modes[0]), row)
+        why = "" if ratio else no_speedup_text(no_speedup(env.get(modes[0]), row), modes[0], modes[1])
     mine = [r for r in regressions if r.cell_id == row["cell_id"]]
     slower = {r.concurrency: r for r in mine if r.kind == "throughput"}
     host = row.get("host") or {}
@@ -366,6 +396,7 @@ def _cell_view(
             for c in concurrencies
         ],
         "speedup": {"ratio": ratio[0], "at": ratio[1]} if ratio else None,
+        "no_speedup": why,
         "regressions": [str(r.reason) for r in mine],
         "verdict_regression": next((r.reason for r in mine if r.kind == "verdict"), None),
         "reproduce": reproduce(row),

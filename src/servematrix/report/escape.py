@@ -1,0 +1,67 @@
+"""Escaping for the Markdown the report writes. Row fields (GPU kinds, matrix names, verdicts, log excerpts)
+may come from any merged store, and mkdocs passes raw HTML in Markdown through to the site, so no field
+may reach a page as markup.
+
+- `text(value)`: a field as plain text anywhere in a page, table cells included. The characters that
+  start markup or end a table cell become numeric character references, which every Markdown renderer
+  shows as the character itself.
+- `code(value)`: a field as inline code. A plain code span when that is safe (no backtick to end it, no
+  pipe for a GitHub table to split on); otherwise an HTML `<code>` element with every special character
+  written as a reference.
+- `Markdown`: text that is already Markdown (written here, or the project's own signature data); it
+  passes as is.
+
+The HTML page is escaped by Jinja's autoescape instead (`site._environment`).
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+# Characters that open markup (<, >, &, [ ] for links and images, \ and ` for escapes and code) or end a
+# table cell (|). Emphasis characters are left alone: they change how a field looks, never what it does.
+_TEXT_SPECIALS = {c: f"&#{ord(c)};" for c in "&<>|[]\\`"}
+# Inside an HTML <code> element Markdown still applies, so emphasis characters are written as references too.
+_CODE_SPECIALS = {**_TEXT_SPECIALS, **{c: f"&#{ord(c)};" for c in "*_"}}
+_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class Markdown(str):
+    """Text that is Markdown already: not escaped again."""
+
+    __slots__ = ()
+
+
+def _one_line(value: object) -> str:
+    """Every whitespace character a space: a line break would end a table row or a list item."""
+    return re.sub(r"[^\S ]", " ", str(value)) if value is not None else ""
+
+
+def text(value: object) -> Markdown:
+    if isinstance(value, Markdown):
+        return value
+    return Markdown("".join(_TEXT_SPECIALS.get(c, c) for c in _one_line(value)))
+
+
+def code(value: object) -> Markdown:
+    line = _one_line(value)
+    if "`" not in line and "|" not in line and line.strip():
+        return Markdown(f"`{line}`")
+    return Markdown("<code>" + "".join(_CODE_SPECIALS.get(c, c) for c in line) + "</code>")
+
+
+def fragment(value: object) -> str:
+    """A value as a URL fragment or path segment: percent-encoded, so it cannot end the link."""
+    return quote(str(value), safe="")
+
+
+def is_slug(value: str) -> bool:
+    """Whether `value` can name a file or an anchor as is: letters, digits, `.`, `_`, `-`, and no leading dot."""
+    return bool(_SLUG.fullmatch(value))
+
+
+def slug(value: str, fallback: str) -> str:
+    """`value` made fit for a file name: runs of other characters become `-`."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", value).strip("-.")
+    return cleaned or fallback

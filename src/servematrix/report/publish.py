@@ -1,0 +1,142 @@
+"""What a report is made of, and publishing: an explicit act that merges, and never shrinks silently.
+
+- A **preview** (`servematrix report`, `servematrix run --report PATH`) renders a store's newest finished
+  rows into a directory of the user's (default `.servematrix/report/`, not committed). It writes no
+  results record, and it refuses a directory that holds one: that directory is published, and a preview
+  there would replace its results with one store's.
+- **Publishing** (`servematrix report --publish`, into `docs/` by default) merges the store's rows into the
+  published record (`results/latest.json`), cell by cell: a cell's newer finished row replaces the older
+  one, cells the store lacks stay. Only `--prune` removes them, and it says how many.
+
+A store that is missing, empty or holds no finished row is an input error, never an empty report: a lost
+CI artifact must not wipe the published results, nor pass a regression gate.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from servematrix.errors import InputError
+from servematrix.report.regressions import load_export, published_rows
+from servematrix.store import Row, Store
+
+PUBLISHED_SITE = Path("docs")
+PREVIEW_DIR = Path(".servematrix/report")
+RECORD = Path("results") / "latest.json"  # the published record, inside the site
+
+
+def store_rows(path: Path) -> list[Row]:
+    """The newest finished row of every cell in the store at `path`; an InputError when there is none."""
+    if not path.exists():
+        raise InputError(f"{path}: no such store")
+    if not path.is_file():
+        raise InputError(f"{path}: not a store (not a file)")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: empty file, not a store: nothing to report")
+    try:
+        with Store(path) as store:
+            rows = store.latest()
+    except sqlite3.DatabaseError as exc:
+        raise InputError(f"{path}: not a servematrix store ({exc})") from None
+    if not rows:
+        raise InputError(f"{path}: no finished cell runs in this store: nothing to report")
+    return rows
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The published record at `path`, None when there is none; a malformed one is an InputError."""
+    try:
+        return load_export(path)
+    except ValueError as exc:  # json.JSONDecodeError included
+        raise InputError(f"{path}: not a servematrix results record ({exc})") from None
+
+
+def refuse_published(out_dir: Path) -> None:
+    """A preview must not land in a published site: it would replace the site's results with one store's."""
+    record = out_dir / RECORD
+    if record.exists():
+        raise InputError(
+            f"{out_dir} holds published results ({record}); a report there replaces them with one store's cells. "
+            f"Publish with `servematrix report --publish --out {out_dir}` (it merges), or write elsewhere"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Publication:
+    """The published rows after a merge, and what the merge did, cell by cell."""
+
+    rows: tuple[Row, ...]
+    added: int  # cells new to the record
+    replaced: int  # cells whose published row a newer run replaced
+    same: int  # cells whose published run is the store's newest (rendered again)
+    kept_newer: int  # cells published from a run newer than the store's, kept
+    kept_absent: int  # cells the store lacks, kept
+    pruned: int  # cells the store lacks, removed (--prune)
+
+    def summary(self, record: Path) -> str:
+        parts = [
+            f"{self.added} new",
+            f"{self.replaced} replaced by a newer run",
+            f"{self.same} unchanged",
+            f"{self.kept_newer} kept (the published run is newer than the store's)",
+            f"{self.kept_absent} kept (not in the store; --prune removes them)",
+        ]
+        if self.pruned:
+            parts[-1] = f"{self.pruned} pruned (not in the store)"
+        return f"published {len(self.rows)} cell(s) to {record}: " + ", ".join(parts)
+
+
+def _finished(row: Row) -> datetime | None:
+    stamp = row.get("finished_at")
+    try:
+        when = datetime.fromisoformat(str(stamp)) if stamp else None
+    except ValueError:
+        return None
+    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
+
+
+def _newer_or_same(row: Row, than: Row) -> bool:
+    """Whether `row` finished no earlier than `than`. A row with no readable time is the older one."""
+    mine, theirs = _finished(row), _finished(than)
+    if theirs is None:
+        return True
+    if mine is None:
+        return False
+    return mine >= theirs
+
+
+def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *, prune: bool = False) -> Publication:
+    """The published cells with `rows` merged in: keyed by cell id, the newer finished row wins; published
+    cells absent from `rows` stay unless `prune`."""
+    current = {row["cell_id"]: row for row in published_rows(published)} if published else {}
+    merged: dict[str, Row] = {}
+    counts = {"added": 0, "replaced": 0, "same": 0, "kept_newer": 0}
+    for row in rows:
+        old = current.get(row["cell_id"])
+        if old is None:
+            counts["added"] += 1
+            merged[row["cell_id"]] = row
+        elif old.get("run_id") == row.get("run_id"):
+            counts["same"] += 1
+            merged[row["cell_id"]] = row
+        elif _newer_or_same(row, old):
+            counts["replaced"] += 1
+            merged[row["cell_id"]] = row
+        else:
+            counts["kept_newer"] += 1
+            merged[row["cell_id"]] = old
+    absent = [cell for cell in current if cell not in merged]
+    if not prune:
+        merged.update({cell: current[cell] for cell in absent})
+    ordered = tuple(sorted(merged.values(), key=lambda r: (str(r["env_id"]), str(r["mode"]), str(r["cell_id"]))))
+    return Publication(
+        rows=ordered,
+        kept_absent=0 if prune else len(absent),
+        pruned=len(absent) if prune else 0,
+        **counts,
+    )
