@@ -72,6 +72,16 @@ class ModeEvidence(_Ranged):
     source: str = ""
 
 
+class ImportCheckSpec(_Data):
+    """The import pre-flight (stages/importcheck.py): what to import in an environment built from its lock,
+    and which lines mean "this needs a GPU" (inconclusive on a CPU) rather than a broken stack."""
+
+    modules: tuple[str, ...] = ()
+    help: tuple[str, ...] = ()  # argv; "python" is the environment's interpreter
+    env: dict[str, str] = {}
+    needs_gpu: tuple[str, ...] = ()
+
+
 class Readiness(_Data):
     path: str
     interval_s: float = Field(gt=0)
@@ -120,6 +130,7 @@ class Engine(_Data):
     flag_renames: tuple[FlagRename, ...] = ()
     pins: dict[str, dict[str, str]] = {}
     model_builders: dict[str, str] = {}
+    import_check: ImportCheckSpec = ImportCheckSpec()
     derived_ports: tuple[DerivedPorts, ...] = ()
     mode_evidence: tuple[ModeEvidence, ...] = ()
 

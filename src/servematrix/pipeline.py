@@ -32,13 +32,15 @@ from servematrix.engines import Engine
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, ensure_model
 from servematrix.plan import Plan
-from servematrix.stages import bench, build, probe, serve
+from servematrix.stages import bench, build, importcheck, probe, serve
 from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store import Store
 from servematrix.verdict import Verdict
 
-STAGES = ("resolve", "build", "probe", "serve", "bench")
-CPU_STAGES = ("resolve", "probe")  # run anywhere; the others need the cell's GPUs
+STAGES = ("resolve", "import", "build", "probe", "serve", "bench")
+# Run anywhere; the others need the cell's GPUs. The import check runs only where the GPU stages cannot:
+# on a GPU host, serving the environment decides the same thing.
+CPU_STAGES = ("resolve", "import", "probe")
 CPU_SMOKE = "matrix/cpu-smoke.toml"
 
 
@@ -107,6 +109,13 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
         if len(lacking) == len(plan.cells):
             lines.append(f"To run every stage on this machine's CPU instead: nox -s matrix -- {CPU_SMOKE}")
     engine = plan.spec.engine
+    imports = {c.env_id for c in lacking} if "import" in options.stages and "import" in engine.preflight else set()
+    if imports:
+        lines.append(
+            f"The import check installs each of {len(imports)} environment lock(s) in turn on this CPU and imports "
+            f"{', '.join(engine.import_check.modules)} (about 9 GB and 1.5-2 min each for sglang 0.5.12, measured on "
+            "a 2-core host; removed after, results cached). --stages resolve,probe skips it."
+        )
     if "probe" in options.stages and "trace" in engine.preflight:
         pairs = set()
         for cell in plan.cells:
@@ -191,6 +200,7 @@ class _EnvState:
     resolved: ResolveOutcome | None = None
     built: Built | None = None
     ended: Verdict | None = None  # an environment-level verdict that ends every cell
+    notes: tuple[str, ...] = ()  # environment-level evidence for every cell (e.g. the import check)
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -323,7 +333,9 @@ class _Runner:
             if state.ended:
                 return state.ended
         if not gpu_ready(env):
-            return None  # GPU stages are skipped per cell below; nothing to build here
+            if self._wants("import") and "import" in engine.preflight and state.resolved is not None:
+                state.ended = self._import_check(state, cell)
+            return state.ended  # GPU stages are skipped per cell below; nothing to build here
         if self._wants("build") and state.built is None:
             self._stage(cell, "build")
             resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
@@ -339,6 +351,27 @@ class _Runner:
             if not state.built.ok:
                 state.ended = verdict.failed("build", excerpt=state.built.excerpt)
                 return state.ended
+        return None
+
+    def _import_check(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        """The environment's lock installed on this CPU and imported: a failure predicts every cell's."""
+        resolved = state.resolved
+        if resolved is None or resolved.status != "resolved" or resolved.lockfile is None:
+            return None
+        self._stage(cell, "import")
+        checked = importcheck.import_check(
+            resolved.lockfile,
+            self.plan.spec.engine,
+            python_version=state.env.python,
+            cache_dir=self.options.workdir / "cache",
+        )
+        state.stage_seconds["import"] = round(checked.seconds, 3)
+        note = f"import check{' (cached)' if checked.cached else ''}: {checked.outcome}"
+        note += f" {checked.klass}" if checked.klass else ""
+        note += f": {checked.evidence}" if checked.evidence else ""
+        if checked.outcome == "fail":
+            return Verdict(kind="predicted-fail", detail=checked.klass, excerpt=checked.excerpt, evidence=(note,))
+        state.notes = (note,)
         return None
 
     def _resolve(self, env: Environment) -> ResolveOutcome:
@@ -360,9 +393,10 @@ class _Runner:
             return
         if not gpu_ready(state.env) or (prediction is not None and self.options.trust_probe):
             kind = state.env.gpu
-            self._record(
-                cell, state, prediction or verdict.skipped("no-gpu", excerpt=f"needs {kind.count}x {kind.arch}")
+            skipped = Verdict(
+                kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=state.notes
             )
+            self._record(cell, state, prediction or skipped)
             return
         if not (self._wants("serve") and state.built is not None):
             self._record(cell, state, verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}"))

@@ -58,7 +58,13 @@ class VenvBackend:
         shutil.rmtree(staging, ignore_errors=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         python = staging / "bin" / "python"
-        install = ["-r", str(request.lockfile), "--require-hashes"] if request.lockfile else list(request.requirements)
+        # A lock is the whole environment, crossed pins included: install exactly it (--no-deps), or a pin
+        # that overrides the release's own (sglang 0.5.12 with flashinfer 0.6.12) fails a second resolution.
+        install = (
+            ["-r", str(request.lockfile), "--require-hashes", "--no-deps"]
+            if request.lockfile
+            else list(request.requirements)
+        )
         steps = [
             # --relocatable: scripts find their interpreter relative to themselves, so the staging
             # directory can be renamed into place.

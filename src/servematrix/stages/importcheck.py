@@ -1,0 +1,152 @@
+"""The import pre-flight: install an environment's whole lock on a CPU, import the engine's entry points and
+run its launcher's --help, so a stack that dies at import is known at 0 GPU-seconds.
+
+Measured on a CPU host (2 cores), sglang 0.5.12's resolved lock: 86 s to install (8.9 GB venv, warm uv cache),
+then `import sglang` fails in 20 s with kernels' `ValueError: Either a revision or a version must be
+specified.` (the same line an H200 printed). With kernels 0.14.1 instead, `import sglang,
+sglang.launch_server` succeeds (32 s) and `--help` prints its 1,686 lines (47 s).
+
+A library that refuses to load without a GPU says nothing about the stack: that is `inconclusive`, from the
+engine's `import_check.needs_gpu` patterns. Results are facts about a lock, cached by its hash; the venv is
+removed after the check (uv's cache keeps the wheels, shared by every environment).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from servematrix.classify import classify_text
+from servematrix.engines import Engine
+from servematrix.tracebacks import import_conflict
+
+Outcome = Literal["pass", "fail", "inconclusive", "error"]
+RESULT_SCHEMA = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportCheck:
+    outcome: Outcome
+    klass: str = ""  # the failure class (fail), or why it could not decide (error, inconclusive)
+    evidence: str = ""  # the deciding line
+    excerpt: str = ""
+    seconds: float = 0.0
+    cached: bool = False
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter of this X.Y on the host: uv's view of the system, else pyenv's versions."""
+    found = subprocess.run(
+        ["uv", "python", "find", "--python-preference", "only-system", version],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+        check=False,
+    )
+    candidates = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
+    candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")))
+    for candidate in candidates:
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return candidate
+    return None
+
+
+def lock_key(lockfile: Path, engine: Engine) -> str:
+    body = lockfile.read_bytes()
+    wanted = json.dumps({"engine": engine.name, "check": engine.import_check.model_dump()}, sort_keys=True).encode()
+    return hashlib.sha256(body + wanted).hexdigest()[:16]
+
+
+def import_check(
+    lockfile: Path, engine: Engine, *, python_version: str, cache_dir: Path, timeout_s: float = 900
+) -> ImportCheck:
+    """Install `lockfile` into a fresh venv and import the engine's entry points there (see module doc)."""
+    key = lock_key(lockfile, engine)
+    root = Path(cache_dir) / "import"
+    result_path = root / "results" / f"{key}.json"
+    if result_path.is_file():
+        data = json.loads(result_path.read_text(encoding="utf-8"))
+        if data.get("schema") == RESULT_SCHEMA:
+            return ImportCheck(**{**data["result"], "cached": True})
+    started = time.monotonic()
+
+    def done(outcome: Outcome, klass: str = "", evidence: str = "", excerpt: str = "") -> ImportCheck:
+        result = ImportCheck(
+            outcome=outcome, klass=klass, evidence=evidence, excerpt=excerpt[-3000:], seconds=time.monotonic() - started
+        )
+        if outcome in ("pass", "fail", "inconclusive"):  # facts about the lock; an error may pass
+            result_path.parent.mkdir(parents=True, exist_ok=True)
+            record = {"schema": RESULT_SCHEMA, "lock": lockfile.name, "result": asdict(result)}
+            tmp = result_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            tmp.replace(result_path)
+        return result
+
+    python = find_python(python_version)
+    if python is None:
+        return done("error", "no-python", f"no Python {python_version} on this host for the import check")
+    venv = root / "venvs" / key
+    shutil.rmtree(venv, ignore_errors=True)
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "NO_COLOR": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    try:
+        for step in (
+            ["uv", "venv", "--quiet", "--python", python, str(venv)],
+            [
+                "uv",
+                "pip",
+                "install",
+                "--quiet",
+                "--python",
+                str(venv / "bin" / "python"),
+                "--require-hashes",
+                "--no-deps",  # the lock is complete; its crossed pins would fail a second resolution
+                "-r",
+                str(lockfile),
+            ],
+        ):
+            run = subprocess.run(step, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+            if run.returncode != 0:
+                last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+                return done("error", "install", f"`{' '.join(step[:3])}` failed: {last}", run.stderr)
+        check = engine.import_check
+        python_in_venv = str(venv / "bin" / "python")
+        commands = [[python_in_venv, "-c", f"import {module}"] for module in check.modules]
+        if check.help:
+            commands.append([python_in_venv if a in ("python", "python3") else a for a in check.help])
+        for command in commands:
+            run = subprocess.run(
+                command, capture_output=True, text=True, env={**env, **check.env}, timeout=timeout_s, check=False
+            )
+            if run.returncode == 0:
+                continue
+            text = run.stdout + "\n" + run.stderr
+            gpu_line = next((line for line in text.splitlines() for p in check.needs_gpu if p in line), None)
+            if gpu_line is not None:
+                return done("inconclusive", "needs-gpu", gpu_line.strip(), text)
+            conflict = import_conflict(text)
+            if conflict is not None:
+                evidence = f"{conflict.raised_in} (imported by {conflict.imported_by}): {conflict.exception}"
+                return done("fail", "import-dependency-conflict", evidence, text)
+            match = classify_text(text, engine.name)
+            lines = [line for line in text.splitlines() if line.strip()]
+            if match is not None:
+                deciding = text.splitlines()[match.line - 1].strip() if match.line else match.title
+                return done("fail", match.cls, deciding, text)
+            return done("fail", "import-failed", lines[-1].strip() if lines else f"exit {run.returncode}", text)
+        return done("pass", evidence=f"imported {', '.join(check.modules)}" + (" and ran --help" if check.help else ""))
+    except subprocess.TimeoutExpired as exc:
+        return done("error", "timeout", f"`{' '.join(map(str, exc.cmd[:3]))}` took more than {timeout_s:.0f} s")
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

@@ -1,0 +1,97 @@
+"""The import pre-flight on real installs: a tiny real lock (six, from the index), imported for real, with
+the engine's import-check data varied to give each outcome."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servematrix.engines import ImportCheckSpec, load_engine
+from servematrix.stages.importcheck import import_check
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@pytest.fixture(scope="module")
+def lock(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("lock")
+    (folder / "requirements.in").write_text("six==1.16.0\n")
+    done = subprocess.run(
+        [
+            "uv",
+            "pip",
+            "compile",
+            "--quiet",
+            "--generate-hashes",
+            "--python-version",
+            PYTHON,
+            "requirements.in",
+            "-o",
+            "lock.txt",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return folder / "lock.txt"
+
+
+def _engine(**check: object):
+    return load_engine("sglang").model_copy(update={"import_check": ImportCheckSpec(**check)})
+
+
+def test_a_lock_that_imports_passes_and_is_cached(lock, tmp_path):
+    engine = _engine(modules=("six",), help=("python", "-c", "import six; print(six.__version__)"))
+    first = import_check(lock, engine, python_version=PYTHON, cache_dir=tmp_path)
+    assert (first.outcome, first.cached) == ("pass", False)
+    again = import_check(lock, engine, python_version=PYTHON, cache_dir=tmp_path)
+    assert (again.outcome, again.cached) == ("pass", True)
+    assert not list((tmp_path / "import" / "venvs").iterdir())  # the venv is removed; the result stays
+
+
+def test_a_module_the_lock_lacks_is_a_named_failure(lock, tmp_path):
+    result = import_check(lock, _engine(modules=("six", "IPython")), python_version=PYTHON, cache_dir=tmp_path)
+    assert (result.outcome, result.klass) == ("fail", "missing-module")
+    assert "No module named 'IPython'" in result.evidence
+
+
+def test_a_library_that_wants_a_gpu_is_inconclusive(lock, tmp_path):
+    engine = _engine(
+        modules=("six",),
+        help=("python", "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"),
+        needs_gpu=("libcuda.so.1: cannot open shared object file",),
+    )
+    result = import_check(lock, engine, python_version=PYTHON, cache_dir=tmp_path)
+    assert (result.outcome, result.klass) == ("inconclusive", "needs-gpu")
+
+
+def test_no_interpreter_of_that_version_is_an_error_not_a_verdict(lock, tmp_path):
+    result = import_check(lock, _engine(modules=("six",)), python_version="2.1", cache_dir=tmp_path)
+    assert (result.outcome, result.klass) == ("error", "no-python")
+    assert not (tmp_path / "import" / "results").exists()
+
+
+def test_a_crossed_lock_installs_as_it_is(tmp_path):
+    # pydantic 2.7.0 pins pydantic-core==2.18.1; the lock overrides it, as a crossed flashinfer pin overrides
+    # sglang's. A second resolution at install time would refuse the lock.
+    (tmp_path / "requirements.in").write_text("pydantic==2.7.0\n")
+    (tmp_path / "overrides.txt").write_text("pydantic-core==2.18.2\n")
+    done = subprocess.run(
+        ["uv", "pip", "compile", "--quiet", "--generate-hashes", "--python-version", PYTHON, "--override",
+         "overrides.txt", "requirements.in", "-o", "lock.txt"],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "pydantic-core==2.18.2" in (tmp_path / "lock.txt").read_text()
+    result = import_check(
+        tmp_path / "lock.txt", _engine(modules=("pydantic_core",)), python_version=PYTHON, cache_dir=tmp_path
+    )
+    assert result.outcome == "pass", result
