@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servematrix.cells import Cell, expand
-from servematrix.select import parse_select, parse_shard, shard
+from servematrix.select import parse_select, parse_shard, select_keys, shard
 from servematrix.spec import Spec, load_spec
 
 GITHUB_MAX_JOBS = 256
@@ -41,8 +41,8 @@ def make_plan(matrix: Path | str, select: Sequence[str] = (), shard_text: str | 
 
 def plan_spec(spec: Spec, select: Sequence[str] = (), shard_text: str | None = None) -> Plan:
     which = parse_shard(shard_text)
-    selection = parse_select(select, (*spec.axis_names, "mode", "engine", "env", "id"))
-    cells = [c for c in expand(spec) if selection(c, spec.engine.pins)]
+    selection = parse_select(select, select_keys(spec))
+    cells = selection.apply(expand(spec), spec.engine.pins)
     return Plan(spec=spec, cells=tuple(shard(cells, which)))
 
 
