@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servematrix.cells import Cell, expand
+from servematrix.cells import DEFAULT_MAX_CELLS, Cell, expand
 from servematrix.select import parse_select, parse_shard, select_keys, shard
 from servematrix.spec import PINNED, Spec, load_spec
 
@@ -38,15 +38,24 @@ class Plan:
         return list(dict.fromkeys(c.env_id for c in self.cells))
 
 
-def make_plan(matrix: Path | str, select: Sequence[str] = (), shard_text: str | None = None) -> Plan:
+def make_plan(
+    matrix: Path | str,
+    select: Sequence[str] = (),
+    shard_text: str | None = None,
+    *,
+    max_cells: int = DEFAULT_MAX_CELLS,
+) -> Plan:
     spec = load_spec(matrix)
-    return plan_spec(spec, select, shard_text)
+    return plan_spec(spec, select, shard_text, max_cells=max_cells)
 
 
-def plan_spec(spec: Spec, select: Sequence[str] = (), shard_text: str | None = None) -> Plan:
+def plan_spec(
+    spec: Spec, select: Sequence[str] = (), shard_text: str | None = None, *, max_cells: int = DEFAULT_MAX_CELLS
+) -> Plan:
+    """Validate --select and --shard, expand (within max_cells), select and shard."""
     which = parse_shard(shard_text)
     selection = parse_select(select, select_keys(spec))
-    cells = selection.apply(expand(spec), spec.engine.pins)
+    cells = selection.apply(expand(spec, max_cells=max_cells), spec.engine.pins)
     return Plan(spec=spec, cells=tuple(shard(cells, which)))
 
 
