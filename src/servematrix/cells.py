@@ -10,15 +10,20 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from servematrix.engines import ModeFlags
+from servematrix.errors import InputError, Location
 from servematrix.spec import PINNED, GpuKind, Rule, Spec, warn
 
 DEFAULT_HOST = "127.0.0.1"
+# A guard against a matrix that would exhaust memory (2,000,000 cells took 5.9 GB before failing), far
+# above any matrix a fleet runs: the product matrix has 52 cells, and 10,000 plan in well under 2 s.
+DEFAULT_MAX_CELLS = 20_000
 
 
 def content_hash(payload: Any, length: int = 12) -> str:
@@ -87,7 +92,32 @@ def environment_points(spec: Spec) -> list[dict[str, str]]:
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*(axes[n] for n in names))]
 
 
-def expand(spec: Spec) -> list[Cell]:
+def cell_bound(spec: Spec) -> tuple[int, int]:
+    """At most how many cells expand() makes, computed from the axis sizes without expanding: the full
+    product of the axes, and what includes add to it (excludes only remove)."""
+    modes = spec.file.axes["mode"]
+    product = math.prod(len(spec.file.axes[axis]) for axis in (*spec.axis_names, "mode"))
+    included = sum(len(dict(rule.conditions).get("mode", modes)) for rule in spec.include)
+    return product, included
+
+
+def check_cell_limit(spec: Spec, max_cells: int = DEFAULT_MAX_CELLS) -> None:
+    product, included = cell_bound(spec)
+    if product + included <= max_cells:
+        return
+    sizes = " x ".join(f"{len(spec.file.axes[axis])} {axis}" for axis in (*spec.axis_names, "mode"))
+    if included:
+        sizes += f", + {included:,} included"
+    raise InputError(
+        f"the matrix expands to up to {product + included:,} cells ({sizes}), more than the limit of "
+        f"{max_cells:,}: narrow the axes, or raise the limit with --max-cells N",
+        Location(file=spec.path, line=spec.axes_line, key="axes"),
+    )
+
+
+def expand(spec: Spec, *, max_cells: int = DEFAULT_MAX_CELLS) -> list[Cell]:
+    """All cells of the matrix; an InputError before any work when there would be more than max_cells."""
+    check_cell_limit(spec, max_cells)
     names = spec.axis_names
     modes = spec.file.axes["mode"]
     candidates = [{**point, "mode": mode} for point in environment_points(spec) for mode in modes]
@@ -102,12 +132,14 @@ def expand(spec: Spec) -> list[Cell]:
     for index, rule in enumerate(spec.exclude):
         if index not in used:
             warn(f"{spec.path}:{rule.line}: exclude[{index}]: rule matches no cell")
+    present = {tuple(values.items()) for values in kept}
     for rule in spec.include:
         given = dict(rule.conditions)
         point = {axis: given[axis][0] for axis in names}
         for mode in given.get("mode", modes):
             values = {**point, "mode": mode}
-            if values not in kept:
+            if tuple(values.items()) not in present:
+                present.add(tuple(values.items()))
                 kept.append(values)
     environments: dict[tuple[str, ...], Environment] = {}
     # Flags and argv depend only on (mode, engine version, GPU kind): a matrix has few of those and

@@ -8,12 +8,16 @@ the log qualify the winner, e.g. `dynamo-untraceable (flashinfer fp4 JIT)`.
 Two entry points share one scanner: `classify_text`/`classify_file` for a finished log, and
 `LogScanner.feed` for a log being written, which reports the first fatal line so the harness can kill a
 doomed server instead of waiting out its launch timeout.
+
+Both stay linear and bounded however long a line is: files are read in chunks (LineSplitter), only the
+first LINE_SCAN_MAX characters of a line are scanned, and a match's evidence says which lines were cut.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import sys
 import tomllib
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -22,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from re import _constants as sre_constants  # type: ignore[attr-defined]
 from re import _parser as sre_parser  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, BinaryIO
 
 from servematrix.errors import InputError, Location
 from servematrix.redact import redact
@@ -33,6 +37,14 @@ EXCERPT_BEFORE = 3
 EXCERPT_AFTER = 5
 # A single log line can be a whole server_args dump; the excerpt is for people and tables.
 EXCERPT_LINE_MAX = 1000
+# Only the start of a line is scanned. Without a cap one 200 MB line (a dumped tensor, a progress bar
+# without newlines) took minutes and hundreds of MB: every probe searches it, and it is kept as excerpt
+# context and redacted. The longest real server_args dump is a few KiB; a signature's text is at the
+# start of its line.
+LINE_SCAN_MAX = 64 * 1024
+# Files and streams are read in blocks of this size, never a line at a time, so that a line without a
+# newline is never held whole.
+READ_CHUNK = 64 * 1024
 
 _ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -460,6 +472,62 @@ def _best(requirements: list[_Requirement]) -> tuple[frozenset[str] | None, bool
 # ---- scanning --------------------------------------------------------------------------------------
 
 
+# (text, truncated): truncated says the line was longer than the limit and text is its start. A plain
+# tuple, not a record class: one is made per log line, and a tuple is the cheapest thing to make.
+LogLine = tuple[str, bool]
+
+
+class LineSplitter:
+    """Lines from a byte stream fed in chunks, holding at most `limit` bytes of any line.
+
+    Splits on b"\n" only, so line numbers agree with editors and grep even when progress bars wrote
+    bare carriage returns. The rest of a line past the limit is dropped as it arrives. Feed it the
+    chunks of a file (classify_file) or of a log being written (the serve stage).
+    """
+
+    def __init__(self, limit: int = LINE_SCAN_MAX) -> None:
+        self.limit = limit
+        self._partial = b""
+        self._truncated = False
+
+    def feed(self, chunk: bytes) -> list[LogLine]:
+        pieces = chunk.split(b"\n")
+        if len(pieces) == 1:
+            self._add(chunk)
+            return []
+        self._add(pieces[0])
+        lines = [self._take()]
+        limit = self.limit
+        for piece in pieces[1:-1]:
+            if len(piece) > limit:
+                lines.append((piece[:limit].decode("utf-8", errors="replace"), True))
+            else:
+                lines.append((piece.decode("utf-8", errors="replace"), False))
+        self._add(pieces[-1])
+        return lines
+
+    def flush(self) -> list[LogLine]:
+        """The last line, when the stream ended without a newline."""
+        if not self._partial and not self._truncated:
+            return []
+        return [self._take()]
+
+    def _add(self, piece: bytes) -> None:
+        if self._truncated:
+            return
+        room = self.limit - len(self._partial)
+        if len(piece) > room:
+            piece = piece[:room]
+            self._truncated = True
+        self._partial += piece
+
+    def _take(self) -> LogLine:
+        line = (self._partial.decode("utf-8", errors="replace"), self._truncated)
+        self._partial = b""
+        self._truncated = False
+        return line
+
+
 class _Candidate:
     """The first line of one class, with the context collected so far."""
 
@@ -494,17 +562,33 @@ class LogScanner:
         self._evidence_seen: set[tuple[str, str]] = set()
         self._fatal_reported = False
         self._ranked = sorted(self.signatures, key=lambda s: -s.priority)
+        self._truncated: list[int] = []  # the first few line numbers cut to LINE_SCAN_MAX
+        self._truncated_count = 0
 
     @property
     def line_count(self) -> int:
         return self._line_count
 
-    def feed(self, line: str) -> Match | None:
-        """Scan one line (a trailing newline is ignored; embedded newlines start new lines)."""
+    @property
+    def truncation_note(self) -> str | None:
+        """Which lines were scanned only in part, for the verdict: a match past the cap was not seen."""
+        if not self._truncated_count:
+            return None
+        if self._truncated_count == 1:
+            return f"line {self._truncated[0]} truncated to {LINE_SCAN_MAX} chars for scanning"
+        return (
+            f"{self._truncated_count} lines truncated to {LINE_SCAN_MAX} chars for scanning "
+            f"(first: line {self._truncated[0]})"
+        )
+
+    def feed(self, line: str, *, truncated: bool = False) -> Match | None:
+        """Scan one line (a trailing newline is ignored; embedded newlines start new lines).
+
+        `truncated` says the caller already cut the line (as LineSplitter does)."""
         if line.endswith("\n"):
             line = line[:-1]
         if "\n" not in line:
-            return self._scan(line)
+            return self._scan(line, truncated)
         first_fatal = None
         for piece in line.split("\n"):
             found = self._scan(piece)
@@ -523,13 +607,20 @@ class LogScanner:
         ranked = sorted(self._candidates.values(), key=lambda c: (-c.signature.priority, c.line))
         return [self._match(candidate) for candidate in ranked]
 
-    def _scan(self, text: str) -> Match | None:
+    def _scan(self, text: str, truncated: bool = False) -> Match | None:
+        self._line_count += 1
+        number = self._line_count
+        if len(text) > LINE_SCAN_MAX:
+            text = text[:LINE_SCAN_MAX]
+            truncated = True
+        if truncated:
+            self._truncated_count += 1
+            if len(self._truncated) < 3:
+                self._truncated.append(number)
         if text.endswith("\r"):
             text = text[:-1]
         if "\x1b" in text:
             text = _ANSI.sub("", text)
-        self._line_count += 1
-        number = self._line_count
         if self._collecting:
             self._collect_after(text)
         fatal: _Candidate | None = None
@@ -576,16 +667,17 @@ class LogScanner:
         # Redact before clipping, so a secret cut in half by the clip is still recognised.
         redacted = redact("\n".join(candidate.context), self._env)
         excerpt = "\n".join(_clip(line) for line in redacted.split("\n"))
+        evidence = [
+            evidence.label for evidence in signature.evidence if (signature.id, evidence.label) in self._evidence_seen
+        ]
+        if self.truncation_note:
+            evidence.append(self.truncation_note)
         return Match(
             cls=signature.id,
             title=signature.title,
             line=candidate.line,
             excerpt=excerpt,
-            evidence=tuple(
-                evidence.label
-                for evidence in signature.evidence
-                if (signature.id, evidence.label) in self._evidence_seen
-            ),
+            evidence=tuple(evidence),
             fatal=signature.fatal,
             explanation=signature.explanation,
             workaround=signature.workaround,
@@ -612,15 +704,29 @@ def classify_text(
 def classify_file(
     path: Path | str, engine: str | Signatures = "sglang", *, env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """The design contract `{class, title, line, excerpt}`; every value is None when nothing matches."""
-    scanner = LogScanner(engine, env=env)
+    """The design contract `{class, title, line, excerpt}`; every value is None when nothing matches.
+    Lines cut for scanning are named on stderr (the contract has no place for them)."""
     try:
-        # Bytes split on b"\n" only, so line numbers agree with editors and grep even when progress
-        # bars wrote bare carriage returns.
         with open(path, "rb") as log:
-            for raw in log:
-                scanner._scan(raw.rstrip(b"\n").decode("utf-8", errors="replace"))
+            scanner = scan_stream(log, engine, env=env)
     except OSError as exc:
         raise InputError(f"cannot read log file: {exc.strerror}", Location(file=path)) from None
+    if scanner.truncation_note:
+        print(f"warning: {path}: {scanner.truncation_note}", file=sys.stderr)
     found = scanner.best()
     return found.to_contract() if found is not None else dict(NO_MATCH)
+
+
+def scan_stream(
+    stream: BinaryIO, engine: str | Signatures = "sglang", *, env: Mapping[str, str] | None = None
+) -> LogScanner:
+    """A scanner fed a whole byte stream in READ_CHUNK blocks: time is linear in the size, and memory is
+    bounded by LINE_SCAN_MAX however long a line is."""
+    scanner = LogScanner(engine, env=env)
+    splitter = LineSplitter()
+    while chunk := stream.read(READ_CHUNK):
+        for text, truncated in splitter.feed(chunk):
+            scanner._scan(text, truncated)
+    for text, truncated in splitter.flush():
+        scanner._scan(text, truncated)
+    return scanner

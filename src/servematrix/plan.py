@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from servematrix.cells import Cell, expand
-from servematrix.select import parse_select, parse_shard, shard
-from servematrix.spec import Spec, load_spec
+from servematrix.cells import DEFAULT_MAX_CELLS, Cell, expand
+from servematrix.select import parse_select, parse_shard, select_keys, shard
+from servematrix.spec import PINNED, Spec, load_spec
 
 GITHUB_MAX_JOBS = 256
+PIN_MARK = "*"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,15 +38,24 @@ class Plan:
         return list(dict.fromkeys(c.env_id for c in self.cells))
 
 
-def make_plan(matrix: Path | str, select: Sequence[str] = (), shard_text: str | None = None) -> Plan:
+def make_plan(
+    matrix: Path | str,
+    select: Sequence[str] = (),
+    shard_text: str | None = None,
+    *,
+    max_cells: int = DEFAULT_MAX_CELLS,
+) -> Plan:
     spec = load_spec(matrix)
-    return plan_spec(spec, select, shard_text)
+    return plan_spec(spec, select, shard_text, max_cells=max_cells)
 
 
-def plan_spec(spec: Spec, select: Sequence[str] = (), shard_text: str | None = None) -> Plan:
+def plan_spec(
+    spec: Spec, select: Sequence[str] = (), shard_text: str | None = None, *, max_cells: int = DEFAULT_MAX_CELLS
+) -> Plan:
+    """Validate --select and --shard, expand (within max_cells), select and shard."""
     which = parse_shard(shard_text)
-    selection = parse_select(select, (*spec.axis_names, "mode", "engine", "env", "id"))
-    cells = [c for c in expand(spec) if selection(c, spec.engine.pins)]
+    selection = parse_select(select, select_keys(spec))
+    cells = selection.apply(expand(spec, max_cells=max_cells), spec.engine.pins)
     return Plan(spec=spec, cells=tuple(shard(cells, which)))
 
 
@@ -91,28 +104,61 @@ def github_matrix(plan: Plan, max_jobs: int = GITHUB_MAX_JOBS) -> dict[str, Any]
     return {"include": include}
 
 
-def print_table(plan: Plan, console: Console | None = None) -> None:
+def narrow_table(title: str | None, headers: Sequence[str], *, min_widths: Mapping[str, int] | None = None) -> Table:
+    """A table that stays readable in an 80-column terminal or CI log.
+
+    No border and one space between columns. A value that does not fit folds onto a second line instead
+    of being cut off with "…" (rich's default). Give id and verdict columns their full width in
+    min_widths so that the other columns fold first. Add cells as `Text`, so that a `[` in a value is
+    shown and not read as rich markup.
+    """
+    table = Table(
+        title=Text(title) if title is not None else None,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=0,
+        title_justify="left",
+    )
+    for header in headers:
+        table.add_column(Text(header), overflow="fold", min_width=(min_widths or {}).get(header))
+    return table
+
+
+def print_table(plan: Plan, console: Console | None = None, *, commands: bool = False) -> None:
+    """One line per cell. A cell's argv is too long for a table row (hundreds of characters): with
+    `commands` it is printed below the table, one cell per paragraph; `--format json` has it too."""
     console = console or Console()
     spec = plan.spec
-    table = Table(title=f"{spec.path}  ({len(plan.cells)} cells, {len(plan.environments)} environments)")
-    table.add_column("id", style="dim", no_wrap=True, min_width=12)
-    table.add_column("env", style="dim", no_wrap=True, min_width=12)
-    for axis in spec.axis_names:
-        table.add_column(axis)
-    table.add_column("mode")
-    table.add_column("command / reason", overflow="fold")
+    headers = ("id", *spec.axis_names, "mode", "runs")
+    # The title goes above the table: a table's title wraps at the table's width, often narrower.
+    console.print(Text(f"{spec.path}: {len(plan.cells)} cells, {len(plan.environments)} environments"))
+    table = narrow_table(
+        None, headers, min_widths={"id": max((len(c.id) for c in plan.cells), default=2), "runs": len("no [9]")}
+    )
+    reasons: dict[str, int] = {}
+    pinned = False
     for cell in plan.cells:
         axes = [_shown(cell, axis, spec) for axis in spec.axis_names]
-        what = (
-            " ".join(cell.command[len(spec.engine.launch_argv(cell.env.version)) :])
-            if cell.applicable
-            else (f"[yellow]not applicable: {cell.reason}[/]")
+        pinned = pinned or any(value.endswith(PIN_MARK) for value in axes)
+        runs = "yes" if cell.applicable else f"no [{reasons.setdefault(cell.reason, len(reasons) + 1)}]"
+        table.add_row(
+            *(Text(value) for value in (cell.id, *axes, cell.mode, runs)),
+            style=None if cell.applicable else "yellow",
         )
-        table.add_row(cell.id, cell.env_id, *axes, cell.mode, what)
     console.print(table)
+    notes = [f"{PIN_MARK} pinned by the {spec.engine.version_axis} release (axis value `pinned`)"] if pinned else []
+    notes += [f"[{number}] not applicable: {reason}" for reason, number in reasons.items()]
+    if commands:
+        notes += [f"\n{cell.id}: {shlex.join(cell.command)}" for cell in plan.cells if cell.applicable]
+    else:
+        notes.append("(each cell's server argv: --commands, or --format json)")
+    for note in notes:
+        console.print(Text(note), overflow="fold")
 
 
 def _shown(cell: Cell, axis: str, spec: Spec) -> str:
+    """The axis value as shown in the table: `pinned` as the version the release pins, marked."""
     value = cell.env.axes[axis]
     pin = cell.env.effective(axis, spec.engine.pins)
-    return f"pinned ({pin})" if value == "pinned" and pin else value
+    return f"{pin}{PIN_MARK}" if value == PINNED and pin else value

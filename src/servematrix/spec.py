@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -26,6 +26,12 @@ PINNED = "pinned"
 # quoting to be safe is almost always a mistake in a matrix file.
 SHELL_METACHARACTERS = re.compile(r"[;&|$`<>\\\n\r]|\$\(")
 RULE_OPERATORS = ("==", "!=", ">=", "<=", "~=", ">", "<")
+# Names end up in file names, CI job names, HTML and Markdown: keep them to characters that need no
+# quoting or escaping anywhere.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+NAME_RULE = "letters, digits and . _ + -, starting with a letter or digit"
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -67,18 +73,18 @@ class CudaKind(_Strict):
 class ServerSpec(_Strict):
     args: list[str] = []
     env: dict[str, str] = {}
-    ready_timeout_s: float | None = Field(default=None, gt=0)
+    ready_timeout_s: PositiveSeconds | None = None
 
 
 class BenchSpec(_Strict):
-    concurrency: list[int] = Field(min_length=1)
+    concurrency: list[Annotated[int, Field(gt=0)]] = Field(min_length=1)
     input_len: int = Field(gt=0)
     output_len: int = Field(gt=0)
     prompts_per_concurrency: int = Field(gt=0)
     warmup: int = Field(default=2, ge=0)
     repeats: int = Field(default=1, ge=1)
     api: Literal["chat", "completions"] = "chat"
-    temperature: float = Field(default=0.0, ge=0)
+    temperature: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
 
 class SpecFile(_Strict):
@@ -124,6 +130,7 @@ class Spec(BaseModel):
     file: SpecFile
     include: tuple[Rule, ...]
     exclude: tuple[Rule, ...]
+    axes_line: int | None = None  # for errors about the matrix as a whole, e.g. too many cells
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -138,13 +145,22 @@ def load_spec(path: Path | str) -> Spec:
         first = exc.errors()[0]
         loc: KeyPath = tuple(first["loc"])
         raise source.error(loc, _pydantic_message(first)) from None
+    _check_names(source, file)
     engine = _engine(source, file)
     _check_axes(source, file, engine)
+    _check_bench(source, file)
     _check_arguments(source, file)
     exclude = tuple(_rule(source, ("exclude", i), r, file, engine) for i, r in enumerate(file.exclude))
     include = tuple(_rule(source, ("include", i), r, file, engine) for i, r in enumerate(file.include))
     _check_includes(source, include, engine)
-    return Spec(path=Path(path), engine=engine, file=file, include=include, exclude=exclude)
+    return Spec(
+        path=Path(path),
+        engine=engine,
+        file=file,
+        include=include,
+        exclude=exclude,
+        axes_line=source.line_of(("axes",)),
+    )
 
 
 def _pydantic_message(error: Any) -> str:
@@ -154,6 +170,24 @@ def _pydantic_message(error: Any) -> str:
     if kind == "missing":
         return "required key is missing"
     return str(error.get("msg", "invalid value"))
+
+
+def _check_names(source: TomlSource, file: SpecFile) -> None:
+    places: list[tuple[KeyPath, str, str]] = [(("engine",), file.engine, "engine name")]
+    places += [(("gpu", name), name, "GPU kind name") for name in file.gpu]
+    places += [(("cuda", name), name, "CUDA kind name") for name in file.cuda]
+    places += [(("axes", "mode", i), mode, "mode name") for i, mode in enumerate(file.axes.get("mode", []))]
+    for where, name, what in places:
+        if not NAME.match(name):
+            raise source.error(where, f"{name!r} is not a valid {what}: use {NAME_RULE}")
+
+
+def _check_bench(source: TomlSource, file: SpecFile) -> None:
+    seen: dict[int, int] = {}
+    for index, level in enumerate(file.bench.concurrency):
+        if level in seen:
+            raise source.error(("bench", "concurrency", index), f"concurrency {level} is listed twice")
+        seen[level] = index
 
 
 def _engine(source: TomlSource, file: SpecFile) -> Engine:
@@ -170,8 +204,19 @@ def _check_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None:
             raise source.error(("axes", axis), f"unknown axis for engine {engine.name} (axes: {', '.join(known)})")
         if not values:
             raise source.error(("axes", axis), "axis is empty: give at least one value")
+        seen: dict[str, int] = {}
         for index, value in enumerate(values):
             _check_axis_value(source, ("axes", axis, index), axis, value, file, engine)
+            # 0.5.9 and 0.5.09 are one version: both would build and run the same cells twice.
+            same = _canonical(value)
+            if same in seen:
+                first = source.line_of(("axes", axis, seen[same]))
+                raise source.error(
+                    ("axes", axis, index),
+                    f"duplicate value {value!r} (already listed as {values[seen[same]]!r}"
+                    + (f" on line {first})" if first else ")"),
+                )
+            seen[same] = index
     for axis in known:
         if axis not in file.axes:
             raise source.error(("axes",), f"axis {axis!r} is missing")
@@ -196,6 +241,13 @@ def _check_axis_value(
             Version(value)
         except InvalidVersion:
             raise source.error(where, f"{value!r} is not a valid version") from None
+
+
+def _canonical(value: str) -> str:
+    try:
+        return str(Version(value))
+    except InvalidVersion:
+        return value
 
 
 def _check_arguments(source: TomlSource, file: SpecFile) -> None:

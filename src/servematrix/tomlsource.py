@@ -60,11 +60,22 @@ def dotted(keypath: KeyPath) -> str:
 
 def load(path: Path) -> TomlSource:
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read matrix file: {exc.strerror}", Location(file=path)) from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        column = exc.start - raw.rfind(b"\n", 0, exc.start)
+        raise InputError(
+            f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at column {column} (TOML files are UTF-8)",
+            Location(file=path, line=raw.count(b"\n", 0, exc.start) + 1),
+        ) from None
+    try:
         data = tomllib.loads(text)
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively; no matrix nests more than a few levels.
+        raise InputError("arrays or inline tables nested too deeply", Location(file=path)) from None
     except tomllib.TOMLDecodeError as exc:
         # Python < 3.14 keeps the position only in the message: "... (at line 20, column 8)".
         found = re.search(r"\(at line (\d+), column \d+\)", str(exc))

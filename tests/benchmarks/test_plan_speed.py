@@ -1,15 +1,18 @@
 """Planning speed: a synthetic 10,000-cell matrix, expanded and written as the github format.
 
-Target: <= 2 s on a 2-core machine. This is a benchmark (pytest-benchmark prints the timing), not a
-timed assertion; the assertions only check that the work was done.
+Target: <= 2 s on a 2-core machine. This is a benchmark (pytest-benchmark prints the timing, and `-s`
+shows the ratio to the target), not a timed assertion; the assertions only check that the work was done.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from servematrix.plan import github_matrix, plan_spec
 from servematrix.spec import load_spec
+
+TARGET_S = 2.0
 
 
 def _synthetic(write_matrix):
@@ -46,10 +49,18 @@ def _synthetic(write_matrix):
 def test_plan_10000_cells_github_format(benchmark, write_matrix):
     path = _synthetic(write_matrix)
 
+    seconds: list[float] = []
+
     def plan_and_write():
+        started = time.perf_counter()
         plan = plan_spec(load_spec(path))
-        return plan, json.dumps(github_matrix(plan))
+        text = json.dumps(github_matrix(plan))
+        seconds.append(time.perf_counter() - started)
+        return plan, text
 
     plan, text = benchmark.pedantic(plan_and_write, rounds=3, iterations=1)
     assert len(plan.cells) == 10_000
     assert len(json.loads(text)["include"]) <= 256
+    best = min(seconds)
+    benchmark.extra_info.update(best_s=best, ratio_to_target=best / TARGET_S)
+    print(f"\n10,000 cells planned in {best:.2f} s: {best / TARGET_S:.2f} of the {TARGET_S:.0f} s target")

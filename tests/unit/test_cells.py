@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from servematrix.cells import expand
 from servematrix.errors import InputError
 from servematrix.plan import github_matrix, make_plan
 from servematrix.spec import load_spec
-from tests.conftest import MATRIX, SMALL_SGLANG
+from tests.conftest import MATRIX, REPO, SMALL_SGLANG
 
 GLM5 = MATRIX / "glm5-nvfp4.toml"
 
@@ -168,3 +173,85 @@ def test_github_matrix_groups_modes_and_respects_max_jobs():
     b200 = [j for j in github_matrix(plan)["include"] if j["gpu"] == "b200"]
     assert b200[0]["runs-on"] == ["self-hosted", "linux", "x64", "gpu-b200x8"]
     assert b200[0]["timeout-minutes"] == 150
+
+
+# ---- the cell limit --------------------------------------------------------------------------------
+
+
+def _wide_matrix(write_matrix, sglang: int, torch: int, flashinfer: int, cuda: int) -> Path:
+    def versions(prefix: str, n: int) -> str:
+        return ", ".join(f'"{prefix}.{i}"' for i in range(n))
+
+    return write_matrix(
+        f"""
+        engine = "sglang"
+        [model]
+        name = "m"
+        path = "org/model"
+        [axes]
+        sglang = [{versions("0.5", sglang)}]
+        torch = [{versions("2", torch)}]
+        flashinfer = [{versions("0.6", flashinfer)}]
+        cuda = [{versions("12", cuda)}]
+        gpu = ["b200"]
+        mode = ["baseline", "piecewise"]
+        [gpu.b200]
+        arch = "sm_100"
+        count = 8
+        [bench]
+        concurrency = [1]
+        input_len = 8
+        output_len = 8
+        prompts_per_concurrency = 2
+        """
+    )
+
+
+def test_a_matrix_over_the_default_limit_is_an_input_error(write_matrix):
+    path = _wide_matrix(write_matrix, 25, 10, 10, 5)  # 25,000 cells
+    with pytest.raises(InputError) as info:
+        make_plan(path)
+    err = info.value
+    assert err.location.file == path and err.location.key == "axes" and err.location.line == 5
+    assert "25,000 cells" in err.message and "limit of 20,000" in err.message and "--max-cells" in err.message
+    assert "25 sglang x 10 torch x 10 flashinfer x 5 cuda x 1 gpu x 2 mode" in err.message
+
+
+def test_the_limit_can_be_raised_and_lowered(write_matrix):
+    path = write_matrix(SMALL_SGLANG)  # 8 cells
+    assert len(make_plan(path, max_cells=8).cells) == 8
+    with pytest.raises(InputError, match="up to 8 cells"):
+        make_plan(path, max_cells=7)
+
+
+def test_includes_count_towards_the_limit(write_matrix):
+    text = (
+        SMALL_SGLANG
+        + '[[include]]\nsglang = "0.5.14"\ntorch = "pinned"\nflashinfer = "pinned"\ncuda = "13.0"\ngpu = "b200"\n'
+    )
+    path = write_matrix(text)
+    assert len(make_plan(path, max_cells=10).cells) == 10
+    with pytest.raises(InputError, match=r"up to 10 cells .*\+ 2 included"):
+        make_plan(path, max_cells=9)
+
+
+def test_two_million_cells_exit_2_before_expanding(write_matrix):
+    """2,000,000 cells took 5.9 GB and ended in a MemoryError traceback. With 1 GiB of address space
+    the command must still answer: the limit is checked from the axis sizes, before anything is made."""
+    path = _wide_matrix(write_matrix, 100, 100, 100, 1)
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+        "from servematrix.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "plan", str(path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "2,000,000 cells" in line and "--max-cells" in line

@@ -209,9 +209,14 @@ def test_the_plan_job_output_is_the_grouped_matrix(tmp_path, matrix):
         assert entry["timeout-minutes"] == kind.timeout_minutes
 
 
-def test_an_empty_selection_plans_no_jobs(tmp_path):
-    outputs = run_plan_job(tmp_path, MATRICES[0], select="sglang=9.9.9")
-    assert outputs["jobs"] == "0" and json.loads(outputs["matrix"]) == {"include": []}
+@pytest.mark.parametrize("select", ["sglang=9.9.9", "sglang>=9.9"], ids=["typo", "selects-nothing"])
+def test_a_dispatch_that_selects_nothing_fails_the_plan_job(tmp_path, select):
+    """A typo'd or empty selection must not go green having run nothing (issue 13): the plan job fails."""
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        run_plan_job(tmp_path, MATRICES[0], select=select)
+    assert info.value.returncode == 2
+    assert "servematrix: error: --select" in info.value.stderr
+    assert (tmp_path / "github_output").read_text() == ""
 
 
 def test_a_large_matrix_stays_within_256_jobs(tmp_path):
