@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servematrix.backends.select import CHOICES as BACKENDS
+from servematrix.cells import DEFAULT_MAX_CELLS
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.pipeline import STAGES
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
@@ -51,6 +52,13 @@ def _matrix_args(parser: argparse.ArgumentParser) -> None:
         help="keep only cells matching EXPR (repeatable; all must hold)",
     )
     parser.add_argument("--shard", metavar="I/N", help="run the I-th of N stable shards (by environment)")
+    parser.add_argument(
+        "--max-cells",
+        type=int,
+        default=DEFAULT_MAX_CELLS,
+        metavar="N",
+        help=f"refuse a matrix of more than N cells, before expanding it (default: {DEFAULT_MAX_CELLS:,})",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("table", "json", "github"),
         default="table",
         help="table (default), the contract JSON (a list of cells), or a GitHub Actions strategy.matrix",
+    )
+    plan.add_argument(
+        "--commands", action="store_true", help="table format: print each cell's exact server argv below the table"
     )
     plan.add_argument(
         "--max-jobs",
@@ -253,7 +264,7 @@ def _regression_args(parser: argparse.ArgumentParser) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from servematrix.plan import github_matrix, make_plan, plan_json, print_table
 
-    plan = make_plan(args.matrix, args.select, args.shard)
+    plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
     if args.format == "json":
         print(plan_json(plan))
     elif args.format == "github":
@@ -264,7 +275,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError(str(exc)) from None
     else:
-        print_table(plan)
+        print_table(plan, commands=args.commands)
     return 0
 
 
@@ -286,7 +297,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from servematrix.plan import make_plan
 
     stages = _stages(args.stages)
-    plan = make_plan(args.matrix, args.select, args.shard)
+    plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
     report_table = _report_table(args.report) if args.report is not None else None
     if report_table is not None:  # before the run, not after it: a refused report must not cost a run
         from servematrix.report.publish import refuse_published
@@ -433,7 +444,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from servematrix.locking import lock_plan, print_lock_table
     from servematrix.plan import make_plan
 
-    plan = make_plan(args.matrix, args.select, args.shard)
+    plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
     outcomes = lock_plan(plan, out_dir=args.out)
     if args.format == "json":
         print(json.dumps([o.to_contract() for o in outcomes], indent=2))

@@ -21,9 +21,9 @@ from typing import Any
 
 import psutil
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from servematrix import hostinfo, ports, verdict
 from servematrix.backends import Backend, Built
@@ -575,7 +575,7 @@ class _Runner:
             return
         # Readable at 80 columns: the axes share one folding column, ids and verdicts are never cut.
         widest = max(map(len, self.summary.verdicts.values()))
-        table = Table(title=f"run {self.options.run_id}")
+        table = Table(title=Text(f"run {self.options.run_id}"))
         table.add_column("cell", no_wrap=True, min_width=12)
         table.add_column("environment", overflow="fold", ratio=1)
         table.add_column("mode", overflow="fold")
@@ -587,7 +587,7 @@ class _Runner:
                 "green" if result == "pass" else "red" if result.startswith(("fail", "unres", "error")) else "yellow"
             )
             axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
-            table.add_row(cell_id, axes, cell.mode, f"[{colour}]{escape(result)}[/]")
+            table.add_row(Text(cell_id), Text(axes), Text(cell.mode), Text(result, style=colour))
         self.console.print(table)
 
 
