@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 
 from servematrix.errors import InputError, Location
 from servematrix.redact import redact
+from servematrix.tracebacks import TracebackReader
 
 SCHEMA = 1
 EXCERPT_BEFORE = 3
@@ -562,6 +563,7 @@ class LogScanner:
         self._evidence_seen: set[tuple[str, str]] = set()
         self._fatal_reported = False
         self._ranked = sorted(self.signatures, key=lambda s: -s.priority)
+        self._tracebacks = TracebackReader()  # an import-time failure between two packages names both
         self._truncated: list[int] = []  # the first few line numbers cut to LINE_SCAN_MAX
         self._truncated_count = 0
 
@@ -597,10 +599,30 @@ class LogScanner:
 
     def best(self) -> Match | None:
         """The most specific match over everything fed so far."""
-        if not self._candidates:
+        winner = max(self._candidates.values(), key=lambda c: (c.signature.priority, -c.line), default=None)
+        conflict = self._import_conflict()
+        if conflict is not None and (winner is None or winner.signature.priority < conflict[0].priority):
+            return conflict[1]
+        return self._match(winner) if winner is not None else None
+
+    def _import_conflict(self) -> tuple[Signature, Match] | None:
+        """The traceback reader's finding, as the engine's `import-dependency-conflict` class (if it has one)."""
+        signature = self.signatures.get(IMPORT_CONFLICT)
+        if signature is None or self._tracebacks.found is None:
             return None
-        winner = max(self._candidates.values(), key=lambda c: (c.signature.priority, -c.line))
-        return self._match(winner)
+        number, conflict, tail = self._tracebacks.found
+        evidence = f"{conflict.raised_in} (imported by {conflict.imported_by})"
+        match = Match(
+            cls=signature.id,
+            title=signature.title,
+            line=number,
+            excerpt="\n".join(_clip(line) for line in redact("\n".join(tail), self._env).split("\n")),
+            evidence=(evidence,),
+            fatal=signature.fatal,
+            explanation=signature.explanation,
+            workaround=signature.workaround,
+        )
+        return signature, match
 
     def matches(self) -> list[Match]:
         """Every class seen, best first."""
@@ -621,6 +643,7 @@ class LogScanner:
             text = text[:-1]
         if "\x1b" in text:
             text = _ANSI.sub("", text)
+        self._tracebacks.feed(number, text)
         if self._collecting:
             self._collect_after(text)
         fatal: _Candidate | None = None
@@ -682,6 +705,9 @@ class LogScanner:
             explanation=signature.explanation,
             workaround=signature.workaround,
         )
+
+
+IMPORT_CONFLICT = "import-dependency-conflict"  # assigned from a traceback (tracebacks.py), not a pattern
 
 
 def _clip(line: str) -> str:

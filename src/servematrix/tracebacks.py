@@ -61,6 +61,31 @@ def packages_in_order(frames: list[str]) -> list[str]:
     return out
 
 
+class TracebackReader:
+    """Follows a log line by line and keeps the last import conflict (for the stream scanner)."""
+
+    MAX_LINES = 400
+
+    def __init__(self) -> None:
+        self._lines: list[str] | None = None
+        self.found: tuple[int, ImportConflict, tuple[str, ...]] | None = None  # (line number, conflict, tail)
+
+    def feed(self, number: int, text: str) -> None:
+        if text.startswith("Traceback (most recent call last)"):
+            self._lines = [text]
+            self._start = number
+            return
+        if self._lines is None:
+            return
+        if len(self._lines) < self.MAX_LINES:
+            self._lines.append(text)
+        if _EXCEPTION.match(text):
+            conflict = import_conflict("\n".join(self._lines))
+            if conflict is not None:
+                self.found = (self._start + conflict.line - 1, conflict, tuple(self._lines[-8:]))
+            self._lines = None
+
+
 def import_conflict(text: str) -> ImportConflict | None:
     """The last traceback in `text`, if it ended while importing and was raised in a package other than the
     one that imported it; None otherwise (a missing module is not a conflict: see missing-module)."""

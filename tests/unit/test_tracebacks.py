@@ -46,3 +46,15 @@ def test_stdlib_frames_do_not_count_as_packages():
         "/tmp/site/kernels/layer/layer.py",
     ]
     assert packages_in_order(frames) == ["sglang", "transformers", "kernels"]
+
+
+def test_classify_names_the_import_conflict_in_a_served_log():
+    from servematrix.classify import classify_file, classify_text
+
+    result = classify_file(LOGS / "h200-sglang-0.5.12-kernels-0.17.2-break.log", engine="sglang")
+    assert (result["class"], result["line"]) == ("import-dependency-conflict", 31)
+    assert "kernels/layer/layer.py" in result["excerpt"]
+    match = classify_text((LOGS / "h200-sglang-0.5.12-kernels-0.17.2-break.log").read_text(), "sglang")
+    assert match is not None and match.evidence == ("kernels (imported by transformers)",)
+    # A missing module stays a missing module.
+    assert classify_file(LOGS / "h200-sglang-0.5.12-ipython-missing.log", engine="sglang")["class"] == "missing-module"

@@ -26,7 +26,6 @@ from typing import Literal
 
 from servematrix.classify import classify_text
 from servematrix.engines import Engine
-from servematrix.tracebacks import import_conflict
 
 Outcome = Literal["pass", "fail", "inconclusive", "error"]
 RESULT_SCHEMA = 1
@@ -135,16 +134,13 @@ def import_check(
             gpu_line = next((line for line in text.splitlines() for p in check.needs_gpu if p in line), None)
             if gpu_line is not None:
                 return done("inconclusive", "needs-gpu", gpu_line.strip(), text)
-            conflict = import_conflict(text)
-            if conflict is not None:
-                evidence = f"{conflict.raised_in} (imported by {conflict.imported_by}): {conflict.exception}"
-                return done("fail", "import-dependency-conflict", evidence, text)
             match = classify_text(text, engine.name)
             lines = [line for line in text.splitlines() if line.strip()]
-            if match is not None:
-                deciding = text.splitlines()[match.line - 1].strip() if match.line else match.title
-                return done("fail", match.cls, deciding, text)
-            return done("fail", "import-failed", lines[-1].strip() if lines else f"exit {run.returncode}", text)
+            last = lines[-1].strip() if lines else f"exit {run.returncode}"
+            if match is None:
+                return done("fail", "import-failed", last, text)
+            deciding = text.splitlines()[match.line - 1].strip() if match.line else last
+            return done("fail", match.cls, ", ".join((*match.evidence, deciding)), text)
         return done("pass", evidence=f"imported {', '.join(check.modules)}" + (" and ran --help" if check.help else ""))
     except subprocess.TimeoutExpired as exc:
         return done("error", "timeout", f"`{' '.join(map(str, exc.cmd[:3]))}` took more than {timeout_s:.0f} s")
