@@ -103,6 +103,8 @@ class Engine(_Data):
     flag_renames: tuple[FlagRename, ...] = ()
     pins: dict[str, dict[str, str]] = {}
     model_builders: dict[str, str] = {}
+    # Flags whose value is a credential: masked as `***` in every stored, printed or published argv.
+    secret_flags: tuple[str, ...] = ()
 
     @property
     def version_axis(self) -> str:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servematrix.cells import Cell, expand
+from servematrix.redact import redact_cells
 from servematrix.select import parse_select, parse_shard, shard
 from servematrix.spec import Spec, load_spec
 
@@ -42,7 +43,7 @@ def make_plan(matrix: Path | str, select: Sequence[str] = (), shard_text: str | 
 def plan_spec(spec: Spec, select: Sequence[str] = (), shard_text: str | None = None) -> Plan:
     which = parse_shard(shard_text)
     selection = parse_select(select, (*spec.axis_names, "mode", "engine", "env", "id"))
-    cells = [c for c in expand(spec) if selection(c, spec.engine.pins)]
+    cells = redact_cells((c for c in expand(spec) if selection(c, spec.engine.pins)), spec)
     return Plan(spec=spec, cells=tuple(shard(cells, which)))
 
 
