@@ -53,16 +53,22 @@ def inside(path: Path, roots: Sequence[Path]) -> bool:
 
 
 def check_model_path(spec: Spec, roots: Sequence[Path]) -> None:
-    """InputError at the matrix's `model.path` line unless the model is built inside one of the roots."""
+    """InputError at the matrix's `model.path` line unless the model may be built there: inside one of the
+    roots, and not where something servematrix did not build already is."""
+    from servematrix import tinymodel
+
     path = Path(spec.file.model.path)
-    if inside(path, roots):
-        return
-    shown = ", ".join(str(r) for r in dict.fromkeys(roots))
-    raise InputError(
-        f"{path} is outside servematrix's directories ({shown}): a built model replaces what is at its path, "
-        "so it must lie inside the workdir or a model root you name",
-        _model_path_location(spec),
-    )
+    if not inside(path, roots):
+        shown = ", ".join(str(r) for r in dict.fromkeys(roots))
+        raise InputError(
+            f"{path} is outside servematrix's directories ({shown}): a built model replaces what is at its "
+            "path, so it must lie inside the workdir or a model root you name",
+            _model_path_location(spec),
+        )
+    target = path.resolve()
+    problem = None if tinymodel.is_built(target) else tinymodel.not_replaceable(target)
+    if problem:
+        raise InputError(problem, _model_path_location(spec))
 
 
 def _model_path_location(spec: Spec) -> Location:

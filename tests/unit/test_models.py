@@ -105,3 +105,14 @@ def test_tiny_model_command_on_a_directory_of_notes_exits_2(tmp_path, capsys):
     assert main(["tiny-model", str(notes)]) == 2
     assert "not built by servematrix" in capsys.readouterr().err
     assert (notes / "todo.txt").read_text() == "buy milk\n"
+
+
+def test_a_model_path_holding_someone_elses_files_is_bad_input_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    notes = tmp_path / ".servematrix" / "models" / "tiny-llama"
+    notes.mkdir(parents=True)
+    (notes / "todo.txt").write_text("buy milk\n")
+    spec = _spec_with_model_path(tmp_path, ".servematrix/models/tiny-llama")
+    with pytest.raises(InputError, match=r"m.toml:\d+: model.path: .*not built by servematrix"):
+        check_model_path(spec, (Path(".servematrix"),))
+    assert (notes / "todo.txt").exists()

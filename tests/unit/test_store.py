@@ -101,6 +101,26 @@ def test_reaper_kills_the_orphan_of_a_dead_harness(tmp_path):
         assert store.all_rows()[0]["verdict"] == "interrupted"
 
 
+def test_reaper_knows_an_orphan_whose_stored_argv_is_masked(tmp_path):
+    """The store keeps `--api-key ***`; the orphan's command line has the secret. It is still our server."""
+    argv = [
+        sys.executable,
+        "-c",
+        "import time; time.sleep(600)",
+        "--api-key",
+        "k3y-" + "x" * 20,
+        f"--hf-token={HF_TOKEN}",
+    ]
+    orphan = subprocess.Popen(argv, start_new_session=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with Store(tmp_path / "s.sqlite") as store:
+        store.start(**_row("r1", "c1"), argv=argv, harness_pid=dead.pid, server_pid=orphan.pid, server_pgid=orphan.pid)
+        assert store.running()[0]["argv"][-3:] == ["--api-key", "***", "--hf-token=***"]
+        assert orphan.pid in reap_orphans(store)
+        assert orphan.wait(timeout=10) is not None
+
+
 def test_reaper_leaves_a_live_harness_alone(tmp_path):
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
