@@ -169,8 +169,8 @@ def _same_arg(stored: str, live: str) -> bool:
         return True
     for mask in ("***", "[REDACTED]"):
         if mask in stored:
-            head, _, rest = stored.partition(mask)
-            return live.startswith(head) and live.endswith(rest.rpartition(mask)[2] if mask in rest else rest)
+            head, tail = stored.split(mask)[0], stored.split(mask)[-1]
+            return len(live) >= len(head) + len(tail) and live.startswith(head) and live.endswith(tail)
     return False
 
 

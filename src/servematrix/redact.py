@@ -20,7 +20,6 @@ import functools
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -128,21 +127,30 @@ def redact(
     are secret-bearing flags whose following value is masked wherever the text shows `FLAG VALUE` or
     `FLAG=VALUE`; `values` are known secrets (e.g. those flags' values in the launched argv).
     """
-    if env is None:
-        env = os.environ
+    return _redact(text, _known_values(values, env), _flag_pattern(frozenset(flags)) if flags else None)
+
+
+def _known_values(values: Iterable[str], env: Mapping[str, str] | None) -> tuple[str, ...]:
+    """Exact secrets, longest first so a value containing another is replaced whole."""
     known = {v for v in values if v and len(v) >= MIN_SECRET_LEN and v != MASK}
-    for value in sorted(known | set(secret_env_values(env)), key=len, reverse=True):
+    known |= set(secret_env_values(os.environ if env is None else env))
+    return tuple(sorted(known, key=len, reverse=True))
+
+
+def _redact(text: str, known: Sequence[str], flag_pattern: re.Pattern[str] | None) -> str:
+    for value in known:
         if value in text:
             text = text.replace(value, REDACTED)
     for pattern, replacement in _TOKEN_SHAPES:
         text = pattern.sub(replacement, text)
-    if flags:
-        text = _flag_pattern(frozenset(flags)).sub(_replace_flag_value, text)
+    if flag_pattern is not None:
+        text = flag_pattern.sub(_replace_flag_value, text)
     text = _FLAG_SECRET.sub(_replace_assigned, text)
     text = _ASSIGNED_SECRET.sub(_replace_assigned, text)
     return text
 
 
+@functools.lru_cache(maxsize=64)
 def _flag_pattern(flags: frozenset[str]) -> re.Pattern[str]:
     names = "|".join(re.escape(f) for f in sorted(flags, key=len, reverse=True))
     # The value may be quoted (a Python list repr of argv) or follow `=`; a following flag is not a value.
@@ -200,17 +208,14 @@ def masked_flags(argv: Sequence[str], secret_flags: Collection[str] = ()) -> lis
     return found
 
 
-def redact_argv(
-    argv: Sequence[str], secret_flags: Collection[str] = (), *, env: Mapping[str, str] | None = None
-) -> list[str]:
-    """argv with the value of every secret flag replaced by `***`, and secrets in any element redacted.
+def redact_argv(argv: Sequence[str], secret_flags: Collection[str] = ()) -> list[str]:
+    """argv with the value of every secret flag replaced by `***`, and secret shapes in any element redacted.
 
     Both forms are masked: `--api-key VALUE` and `--api-key=VALUE`. A listed flag's value is masked
     whatever it looks like; a flag whose name merely sounds secret (`--x-token`) only when its value does
-    (not `--max-new-token 64`). `env` (default: none, so the result depends on argv alone) adds the exact
-    values of secret-looking variables.
+    (not `--max-new-token 64`). The result depends on argv alone, not on any environment.
     """
-    out = [redact(arg, env if env is not None else {}) for arg in argv]
+    out = [_redact(arg, (), None) for arg in argv]
     for index in range(len(argv)):
         name, value, inline = _value_at(argv, index)
         if not _is_secret(name, value, secret_flags):
@@ -299,26 +304,27 @@ def _redacted_command(command: tuple[str, ...], flags: frozenset[str]) -> tuple[
 # -- streams ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
 class Redactor:
-    """Everything known to be secret for one server launch: its environment, its argv's secret values."""
+    """Everything known to be secret for one server launch, prepared once: it redacts every line of a log."""
 
-    env: Mapping[str, str] = field(default_factory=dict)
-    flags: frozenset[str] = frozenset()
-    values: tuple[str, ...] = ()
+    def __init__(
+        self, env: Mapping[str, str] | None = None, flags: Collection[str] = (), values: Iterable[str] = ()
+    ) -> None:
+        self._known = _known_values(values, env if env is not None else {})
+        self._flags = _flag_pattern(frozenset(flags)) if flags else None
 
     @classmethod
     def for_launch(cls, argv: Sequence[str], env: Mapping[str, str], flags: Collection[str]) -> Redactor:
-        secret_flags = frozenset(flags)
+        """The launch environment's secret values, and the values of argv's secret flags."""
         values = []
         for index in range(len(argv)):
             name, value, _ = _value_at(argv, index)
-            if value is not None and _is_secret(name, value, secret_flags):
+            if value is not None and _is_secret(name, value, flags):
                 values.append(value)
-        return cls(env=dict(env), flags=secret_flags, values=tuple(values))
+        return cls(env=env, flags=flags, values=values)
 
     def text(self, text: str) -> str:
-        return redact(text, self.env, flags=self.flags, values=self.values)
+        return _redact(text, self._known, self._flags)
 
 
 class LineRedactingWriter:
