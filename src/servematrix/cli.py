@@ -428,15 +428,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from servematrix.store import Store
+    from servematrix.store import merge_stores
 
     missing = [str(p) for p in args.inputs if not p.is_file()]
     if missing:
         raise InputError(f"no such store(s): {', '.join(missing)}")
-    with Store(args.out) as store:
-        for source in args.inputs:
-            added = store.merge_from(source)
-            print(f"{source}: {added} new row(s)", file=sys.stderr)
+    # All or nothing: one transaction, every input checked before the target is touched.
+    added = merge_stores(args.out, args.inputs)
+    for source, count in zip(args.inputs, added, strict=True):
+        print(f"{source}: {count} new row(s)", file=sys.stderr)
     return 0
 
 

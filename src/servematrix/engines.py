@@ -133,6 +133,8 @@ class Engine(_Data):
     import_check: ImportCheckSpec = ImportCheckSpec()
     derived_ports: tuple[DerivedPorts, ...] = ()
     mode_evidence: tuple[ModeEvidence, ...] = ()
+    # Flags whose value is a credential: masked as `***` in every stored, printed or published argv.
+    secret_flags: tuple[str, ...] = ()
 
     @property
     def version_axis(self) -> str:

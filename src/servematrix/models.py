@@ -3,17 +3,27 @@
 The builder is a self-contained script run by the cell environment's own interpreter, which has torch
 and transformers; the harness itself needs neither. It is built once into the matrix's model path and
 reused by every cell while its builder inputs are unchanged.
+
+A built model replaces whatever was at its path before, so the path is held to two rules: it lies inside
+a directory servematrix owns (the run's workdir, the project's .servematrix, or a model root the user
+names), and a directory already there is replaced only if servematrix built it (it holds the builder's
+marker) or it is empty. Anything else is bad input, named, and left alone.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servematrix.engines import Engine
-from servematrix.errors import InputError
+from servematrix.errors import InputError, Location
+
+if TYPE_CHECKING:
+    from servematrix.spec import Spec
 
 
 class ModelBuildError(RuntimeError):
@@ -31,20 +41,77 @@ def builder_script(engine: Engine, builder: str) -> Path:
     return Path(found.origin)
 
 
+def _lexical(path: Path) -> Path:
+    """An absolute path with `..` and `.` folded away, symlinks not followed (a linked cache stays inside)."""
+    return Path(os.path.normpath(os.path.abspath(path)))
+
+
+def inside(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether path lies strictly below one of the roots (the root itself is not a model directory)."""
+    target = _lexical(path)
+    return any(target != root and target.is_relative_to(root) for root in map(_lexical, roots))
+
+
+def check_model_path(spec: Spec, roots: Sequence[Path]) -> None:
+    """InputError at the matrix's `model.path` line unless the model may be built there: inside one of the
+    roots, and not where something servematrix did not build already is."""
+    from servematrix import tinymodel
+
+    path = Path(spec.file.model.path)
+    if not inside(path, roots):
+        shown = ", ".join(str(r) for r in dict.fromkeys(roots))
+        raise InputError(
+            f"{path} is outside servematrix's directories ({shown}): a built model replaces what is at its "
+            "path, so it must lie inside the workdir or a model root you name",
+            _model_path_location(spec),
+        )
+    target = path.resolve()
+    problem = None if tinymodel.is_built(target) else tinymodel.not_replaceable(target)
+    if problem:
+        raise InputError(problem, _model_path_location(spec))
+
+
+def _model_path_location(spec: Spec) -> Location:
+    from servematrix import tomlsource
+
+    try:
+        return tomlsource.load(spec.path).location(("model", "path"))
+    except InputError:
+        return Location(file=spec.path, key="model.path")
+
+
+def check_replaceable(target: Path) -> None:
+    """InputError unless whatever is at target is a model servematrix built, or an empty directory."""
+    from servematrix import tinymodel
+
+    problem = tinymodel.not_replaceable(target)
+    if problem:
+        raise InputError(problem)
+
+
 def ensure_model(
     path: Path,
     *,
     builder: str,
     engine: Engine,
     python: Callable[[tuple[Path, ...]], Sequence[str]],
+    roots: Sequence[Path] | None = None,
     timeout_s: float = 600,
 ) -> Path:
-    """Build the model at `path` unless it is already built from the same inputs; return its absolute path."""
+    """Build the model at `path` unless it is already built from the same inputs; return its absolute path.
+
+    `roots`: the directories the model must lie in (None when the user named the path itself, as
+    `servematrix tiny-model DIR` does). Either way, nothing servematrix did not build is replaced.
+    """
     from servematrix import tinymodel
 
+    if roots is not None and not inside(path, roots):
+        shown = ", ".join(str(r) for r in dict.fromkeys(roots))
+        raise InputError(f"model path {path} is outside servematrix's directories ({shown})")
     target = path.resolve()
     if tinymodel.is_built(target):
         return target
+    check_replaceable(target)
     script = builder_script(engine, builder)
     done = subprocess.run(
         [*python((target.parent,)), str(script), str(target)],

@@ -25,16 +25,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from servematrix import hostinfo, ports, verdict
+from servematrix import hostinfo, ports, tomlsource, verdict
 from servematrix.backends import Backend, Built
 from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.engines import Engine
+from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
-from servematrix.models import ModelBuildError, ensure_model
+from servematrix.models import ModelBuildError, check_model_path, ensure_model
 from servematrix.plan import Plan
+from servematrix.redact import (
+    MissingSecretError,
+    fill_secrets,
+    masked_flags,
+    placeholder_flags,
+    redact_argv,
+    spec_secret_flags,
+)
 from servematrix.stages import bench, build, importcheck, probe, serve
 from servematrix.stages.resolve import ResolveOutcome, resolve
-from servematrix.store import Store
+from servematrix.store import Store, harness_alive
+from servematrix.store import now as store_now
 from servematrix.verdict import Verdict
 
 STAGES = ("resolve", "import", "build", "probe", "serve", "bench")
@@ -42,6 +52,8 @@ STAGES = ("resolve", "import", "build", "probe", "serve", "bench")
 # on a GPU host, serving the environment decides the same thing.
 CPU_STAGES = ("resolve", "import", "probe")
 CPU_SMOKE = "matrix/cpu-smoke.toml"
+# The project's own servematrix directory: built models may live there even when --workdir is elsewhere.
+PROJECT_DIR = Path(".servematrix")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +64,7 @@ class RunOptions:
     lock_dir: Path | None = None  # default: locks/ beside the matrix file
     rerun: bool = False
     trust_probe: bool = False
+    model_roots: tuple[Path, ...] = ()  # directories besides the workdir where models may be built
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6])
 
 
@@ -60,6 +73,7 @@ class Summary:
     run_id: str
     verdicts: dict[str, str] = field(default_factory=dict)  # cell id -> verdict
     skipped_unchanged: int = 0
+    skipped_owned: dict[str, int] = field(default_factory=dict)  # cell id -> pid of the live run that owns it
     reaped: list[int] = field(default_factory=list)
 
 
@@ -146,6 +160,7 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
 def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console | None = None) -> Summary:
     console = console or Console(stderr=True)
     summary = Summary(run_id=options.run_id)
+    check_inputs(plan, options)
     store = Store(options.store)
     try:
         summary.reaped = reap_orphans(store)
@@ -161,6 +176,35 @@ def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console
     return summary
 
 
+def model_roots(options: RunOptions) -> tuple[Path, ...]:
+    return (options.workdir, PROJECT_DIR, *options.model_roots)
+
+
+def check_inputs(plan: Plan, options: RunOptions) -> None:
+    """What can only be checked against this run (its workdir, its environment), before anything runs."""
+    model = plan.spec.file.model
+    if model.build:
+        check_model_path(plan.spec, model_roots(options))
+    # The plan's argv is masked already; `***` placeholders are found where they are written.
+    flags = spec_secret_flags(plan.spec)
+    where: list[tuple[tuple[str | int, ...], list[str]]] = [(("server", "args"), plan.spec.file.server.args)]
+    where += [(("gpu", name, "args"), kind.args) for name, kind in plan.spec.file.gpu.items()]
+    for keypath, args in where:
+        for flag in placeholder_flags(args, flags):
+            try:
+                fill_secrets((flag, "***"), flags, os.environ)
+            except MissingSecretError as exc:
+                index = next(i for i, a in enumerate(args) if a == flag or a.startswith(f"{flag}="))
+                raise InputError(str(exc), _matrix_location(plan, (*keypath, index))) from None
+
+
+def _matrix_location(plan: Plan, keypath: tuple[str | int, ...]) -> Location:
+    try:
+        return tomlsource.load(plan.spec.path).location(keypath)
+    except InputError:
+        return Location(file=plan.spec.path)
+
+
 def reap_orphans(store: Store) -> list[int]:
     """Rows left `running` by a harness that no longer exists: kill their server groups, mark them interrupted."""
     killed: list[int] = []
@@ -169,7 +213,7 @@ def reap_orphans(store: Store) -> list[int]:
         if (row.get("host") or {}).get("hostname") not in (None, here):
             continue  # a row merged from another machine: its pids mean nothing here
         owner = row.get("harness_pid")
-        if owner and owner != os.getpid() and psutil.pid_exists(owner):
+        if owner and owner != os.getpid() and harness_alive(row, here):
             continue  # another live harness owns it
         pid, pgid = row.get("server_pid"), row.get("server_pgid")
         if pid and _is_server(pid, row.get("argv") or []):
@@ -191,7 +235,21 @@ def _is_server(pid: int, argv: Sequence[str]) -> bool:
         return False
     # The launcher may resolve argv[0] (python -> /env/bin/python), so compare the arguments only.
     tail = list(argv[1:])
-    return bool(cmdline) and (cmdline[-len(tail) :] == tail if tail else True)
+    if not tail:
+        return bool(cmdline)
+    live = cmdline[-len(tail) :]
+    return len(live) == len(tail) and all(_same_arg(stored, seen) for stored, seen in zip(tail, live, strict=True))
+
+
+def _same_arg(stored: str, live: str) -> bool:
+    """The stored argv is redacted: a masked element matches whatever secret the live one holds there."""
+    if stored == live:
+        return True
+    for mask in ("***", "[REDACTED]"):
+        if mask in stored:
+            head, tail = stored.split(mask)[0], stored.split(mask)[-1]
+            return len(live) >= len(head) + len(tail) and live.startswith(head) and live.endswith(tail)
+    return False
 
 
 @dataclass
@@ -218,6 +276,8 @@ class _Runner:
         spec = self.plan.spec
         host = hostinfo.host()
         self.host = host.to_dict()
+        self._started = store_now()
+        self._secret_flags = spec_secret_flags(spec)
         todo: dict[str, list[Cell]] = {}
         for cell in self.plan.cells:
             if not self.options.rerun and self.store.finished(cell.id, self._inputs(cell)):
@@ -231,7 +291,7 @@ class _Runner:
                 "(--rerun to force)"
             )
         self._total, self._done = total, 0
-        self._started = time.monotonic()
+        self._clock_start = time.monotonic()
         # On a terminal, one live bar; in a CI log (no terminal), a plain line per cell and stage as it happens.
         progress = (
             Progress(
@@ -253,13 +313,51 @@ class _Runner:
             for cells in todo.values():
                 state = _EnvState(env=cells[0].env)
                 for cell in cells:
-                    self._run_cell(state, cell)
+                    self._claimed_cell(state, cell)
                     self._done += 1
                     if progress is not None and task is not None:
                         progress.advance(task)
                     else:
                         self._line(cell, self.summary.verdicts.get(cell.id, "?"))
+        if self.summary.skipped_owned:
+            owners = sorted(set(self.summary.skipped_owned.values()))
+            self.console.print(
+                f"{len(self.summary.skipped_owned)} cell(s) skipped: another live run on this store (pid "
+                f"{', '.join(map(str, owners))}) was running them"
+            )
         self._print_summary()
+
+    def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
+        """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""
+        claim = self.store.claim(
+            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
+            harness_pid=os.getpid(),
+            hostname=hostinfo.host().hostname,
+            rerun=self.options.rerun,
+            since=self._started,
+        )
+        if claim.owner_pid is not None:
+            self.summary.skipped_owned[cell.id] = claim.owner_pid
+            self.console.print(f"{cell.id}: another run (pid {claim.owner_pid}) is running this cell: skipped")
+            return
+        if claim.unchanged:
+            self.summary.skipped_unchanged += 1
+            return
+        try:
+            self._run_cell(state, cell)
+        except KeyboardInterrupt:
+            self._end_claim(cell, "interrupted", "interrupted (SIGINT/SIGTERM)")
+            raise
+        except InputError:
+            self._end_claim(cell, "interrupted", "the run stopped on bad input")
+            raise
+        except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
+            self._record(cell, state, verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}"))
+
+    def _end_claim(self, cell: Cell, result: str, excerpt: str) -> None:
+        if cell.id not in self.summary.verdicts:
+            self.store.finish(self.options.run_id, cell.id, verdict=result, excerpt=excerpt)
+            self.summary.verdicts[cell.id] = result
 
     # -- helpers ---------------------------------------------------------------------------------
     def _inputs(self, cell: Cell) -> str:
@@ -273,7 +371,7 @@ class _Runner:
         progress.update(task, stage=f"{cell.id} {cell.env.version} {cell.mode}: {name}")
 
     def _line(self, cell: Cell, what: str) -> None:
-        elapsed = time.monotonic() - self._started
+        elapsed = time.monotonic() - self._clock_start
         axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
         print(
             f"[{self._done}/{self._total} {elapsed:6.0f}s] {cell.id} {axes} mode={cell.mode}: {what}",
@@ -305,9 +403,16 @@ class _Runner:
             "backend": self.backend.name,
         }
 
+    def _argv_fields(self, argv: Sequence[str]) -> dict[str, Any]:
+        """argv as stored: secret values masked, and which flags were (the reproduce block names them)."""
+        return {
+            "argv": redact_argv(argv, self._secret_flags),
+            "redacted_flags": masked_flags(argv, self._secret_flags),
+        }
+
     def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
         self.store.record(
-            **self._base_row(cell, state),
+            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
             verdict=str(result),
             excerpt=result.excerpt,
             evidence=list(result.evidence),
@@ -339,17 +444,18 @@ class _Runner:
         if self._wants("build") and state.built is None:
             self._stage(cell, "build")
             resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
+            build_log = self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log"
             state.built = build.build(
                 self.backend,
                 env,
                 engine,
                 lockfile=resolved.lockfile if resolved else None,
                 lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
-                log_path=self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log",
+                log_path=build_log,
             )
             state.stage_seconds["build"] = round(state.built.seconds, 3)
             if not state.built.ok:
-                state.ended = verdict.failed("build", excerpt=state.built.excerpt)
+                state.ended = verdict.build_failed(state.built.excerpt, _tail(build_log))
                 return state.ended
         return None
 
@@ -457,16 +563,16 @@ class _Runner:
         except ports.NoPortError as exc:
             self._record(cell, state, verdict.error("harness", excerpt=f"port: {exc}"))
             return
-        argv = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
+        planned = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
+        # `***` values of secret flags come from the environment (check_inputs made sure they are set).
+        argv = fill_secrets(planned, self._secret_flags, os.environ)
         workdir = self.options.workdir.resolve()
         env_vars = {k: v.format(workdir=workdir) for k, v in cell.server_env.items()}
         for directory in spec.engine.prepare.directories:
             Path(directory.format(workdir=workdir)).mkdir(parents=True, exist_ok=True)
         launch = self.backend.launch(state.built, argv, env_vars, port, model_dir=model_dir)
         timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
-        self.store.start(
-            **{**self._base_row(cell, state), "argv": list(argv)}, log_path=str(log_path), harness_pid=os.getpid()
-        )
+        self.store.update(run_id, cell.id, **self._argv_fields(argv), log_path=str(log_path), harness_pid=os.getpid())
 
         def started(pid: int, pgid: int) -> None:
             self.store.update(run_id, cell.id, server_pid=pid, server_pgid=pgid)
@@ -483,6 +589,7 @@ class _Runner:
                 readiness=spec.engine.readiness,
                 timeout_s=timeout,
                 on_started=started,
+                secret_flags=self._secret_flags,
             ) as server:
                 ready = server.wait_ready()
                 stage_seconds["serve"] = round(ready.seconds, 3)
@@ -512,6 +619,8 @@ class _Runner:
             stop = getattr(self.backend, "stop", None)
             if stop is not None:
                 stop(launch)
+        # The harness picked the port: if another process took it first, that is the harness's fault.
+        result = verdict.served(result, harness_picked_port=True)
         evidence = [*result.evidence, *state.built.notes]
         if prediction is not None:
             # The GPU run checks the CPU prediction; the report tells predictions from observations.
@@ -568,6 +677,7 @@ class _Runner:
             builder=model.build,
             engine=self.plan.spec.engine,
             python=lambda visible: self.backend.python(built, visible=visible),
+            roots=model_roots(self.options),
         )
 
     def _print_summary(self) -> None:
@@ -616,6 +726,16 @@ def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
             )
         evidence = f"{cell.mode}: no {unwanted!r} line in the server log"
     return Verdict(kind="pass", evidence=(evidence,))
+
+
+def _tail(path: Path, size: int = 65536) -> str:
+    """The end of a log, for classifying a failure whose cause may precede the excerpt."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - size))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def build_argv(plan: Plan, cell: Cell, *, model: str, port: int, host: str) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servematrix.cells import DEFAULT_MAX_CELLS, Cell, expand
+from servematrix.redact import redact_cells
 from servematrix.select import parse_select, parse_shard, select_keys, shard
 from servematrix.spec import PINNED, Spec, load_spec
 
@@ -55,7 +56,7 @@ def plan_spec(
     """Validate --select and --shard, expand (within max_cells), select and shard."""
     which = parse_shard(shard_text)
     selection = parse_select(select, select_keys(spec))
-    cells = selection.apply(expand(spec, max_cells=max_cells), spec.engine.pins)
+    cells = redact_cells(selection.apply(expand(spec, max_cells=max_cells), spec.engine.pins), spec)
     return Plan(spec=spec, cells=tuple(shard(cells, which)))
 
 

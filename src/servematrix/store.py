@@ -1,21 +1,37 @@
 """The result store: SQLite in WAL mode, one row per cell run, with provenance.
 
-A row is written when a cell starts (status `running`, with the server's pid and process group) and
-completed when it ends, so a harness killed mid-cell leaves a row the next run can find: it kills the
-orphaned server group and runs the cell again. Finished rows are never rewritten by a later run; a new
-run adds rows. Merging shards is INSERT OR IGNORE on (run_id, cell_id), hence idempotent.
+A row is written when a harness claims a cell (status `running`, with the harness's pid; the server's pid
+and process group follow when it starts) and completed when the cell ends, so a harness killed mid-cell
+leaves a row the next run can find: it kills the orphaned server group and runs the cell again. The
+claim is also the cell's lock: a second harness on the same store skips a cell a live harness owns.
+Finished rows are never rewritten by a later run; a new run adds rows.
+
+Merging shards is all-or-nothing: every input is checked first, then all rows go in one transaction, an
+upsert on (run_id, cell_id) that only completes rows still running, hence idempotent.
+
+Nothing secret is stored: argv, excerpts and evidence are redacted on their way in (written or merged).
+A file that is not a servematrix store, a corrupt one, or one that cannot be written is an InputError.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import re
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import psutil
+
+from servematrix import redact
+from servematrix.errors import InputError
+from servematrix.verdict import Verdict
 
 DEFAULT_STORE = Path(".servematrix/results.sqlite")
 
@@ -34,7 +50,8 @@ CREATE TABLE IF NOT EXISTS cell_runs (
     excerpt       TEXT,
     evidence      TEXT,            -- JSON list
     metrics       TEXT,            -- JSON (benchmark report)
-    argv          TEXT,            -- JSON list: the exact server argv that ran
+    argv          TEXT,            -- JSON list: the exact server argv that ran, secret values masked as ***
+    redacted_flags TEXT,           -- JSON list: the secret flags whose values argv shows as ***
     lock_hash     TEXT,
     lock_file     TEXT,
     crossed_pins  TEXT,            -- JSON
@@ -68,6 +85,7 @@ COLUMNS = (
     "evidence",
     "metrics",
     "argv",
+    "redacted_flags",
     "lock_hash",
     "lock_file",
     "crossed_pins",
@@ -82,11 +100,18 @@ COLUMNS = (
     "started_at",
     "finished_at",
 )
-JSON_COLUMNS = frozenset({"axes", "evidence", "metrics", "argv", "crossed_pins", "host", "stages"})
+JSON_COLUMNS = frozenset({"axes", "evidence", "metrics", "argv", "redacted_flags", "crossed_pins", "host", "stages"})
 
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# Columns a row cannot be read without: an input missing one of them is not a servematrix store.
+REQUIRED_COLUMNS = ("run_id", "cell_id", "env_id", "engine", "mode", "matrix", "axes", "inputs_hash", "status")
+_COLUMN_TYPES = dict(re.findall(r"^\s+(\w+)\s+(TEXT|INTEGER)", SCHEMA, re.MULTILINE))
+# started_at has one-second resolution and a process starts just before its row: allow for both.
+_OWNER_START_SLACK_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,15 +125,81 @@ class Row:
         return self.values.get(key, default)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """The outcome of claiming a cell: ours to run, owned by another live harness, or already done."""
+
+    claimed: bool
+    owner_pid: int | None = None  # the live harness that runs this cell now
+    unchanged: bool = False  # a final result with the same inputs exists
+
+
+def harness_alive(row: Row | Mapping[str, Any], hostname: str) -> bool:
+    """Whether the harness that wrote a running row is still running it (on this host, not a reused pid)."""
+    host = row.get("host") or {}
+    if host.get("hostname") not in (None, hostname):
+        return False  # a row merged from another machine: its pids mean nothing here
+    pid = row.get("harness_pid")
+    if not pid:
+        return False
+    try:
+        created = psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+    started = row.get("started_at")
+    try:
+        stamp = datetime.fromisoformat(started).timestamp() if started else None
+    except ValueError:
+        stamp = None
+    return stamp is None or created <= stamp + _OWNER_START_SLACK_S
+
+
 class Store:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        if self.path.is_dir():
+            raise InputError(f"{self.path}: is a directory, not a servematrix store")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"{self.path}: cannot create the store's directory: {exc.strerror}") from None
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise _store_error(self.path, exc) from None
+        try:
+            self._open()
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise _store_error(self.path, exc) from None
+        except InputError:
+            self._db.close()
+            raise
+
+    def _open(self) -> None:
+        tables = _tables(self._db)
+        if tables and "cell_runs" not in tables:
+            raise InputError(
+                f"{self.path}: not a servematrix store (a SQLite database without a cell_runs table: "
+                f"{', '.join(sorted(tables)[:5])})"
+            )
+        if not os.access(self.path, os.W_OK) or not os.access(self.path.parent, os.W_OK):
+            raise InputError(f"{self.path}: the store is read-only (servematrix writes to it and beside it)")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
-        _add_missing_columns(self._db, "main")
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """A store written by an older servematrix gets the newer columns (NULL in its old rows)."""
+        if not set(COLUMNS) - set(_columns(self._db, "main")):
+            return
+        with self._transaction() as db:
+            for name in COLUMNS:
+                if name not in _columns(db, "main"):
+                    db.execute(f"ALTER TABLE cell_runs ADD COLUMN {name} {_COLUMN_TYPES.get(name, 'TEXT')}")
 
     def close(self) -> None:
         self._db.close()
@@ -132,6 +223,31 @@ class Store:
     def start(self, **values: Any) -> None:
         row = {"status": "running", "started_at": now(), **values}
         self._write("INSERT OR REPLACE", row)
+
+    def claim(self, *, hostname: str, rerun: bool = False, since: str | None = None, **values: Any) -> Claim:
+        """Open a `running` row for this cell unless another live harness runs it, or it is already done.
+
+        One transaction, so two harnesses on one store cannot both claim a cell. Without `rerun`, a final
+        result with the same inputs means there is nothing to do; with it, only a final result another run
+        started since `since` (this run's start) does.
+        """
+        row = {"status": "running", "started_at": now(), **values}
+        with self._transaction() as db:
+            for other in self._select_in(
+                db, "WHERE cell_id = ? AND status = 'running' AND run_id != ?", (row["cell_id"], row["run_id"])
+            ):
+                if other.get("harness_pid") != row.get("harness_pid") and harness_alive(other, hostname):
+                    return Claim(claimed=False, owner_pid=other["harness_pid"])
+            done = self._newest_finished(db, row["cell_id"], row["inputs_hash"])
+            done_by_another = done is not None and since is not None and done["run_id"] != row["run_id"]
+            if done is not None and _final(done) and (not rerun or (done_by_another and done["started_at"] >= since)):
+                return Claim(claimed=False, unchanged=True)
+            encoded = _encode(row)
+            db.execute(
+                f"INSERT OR REPLACE INTO cell_runs ({', '.join(encoded)}) VALUES ({', '.join('?' for _ in encoded)})",
+                tuple(encoded.values()),
+            )
+        return Claim(claimed=True)
 
     def update(self, run_id: str, cell_id: str, **values: Any) -> None:
         encoded = _encode(values)
@@ -158,11 +274,18 @@ class Store:
             db.execute(f"{verb} INTO cell_runs ({names}) VALUES ({marks})", tuple(encoded.values()))
 
     def finished(self, cell_id: str, inputs_hash: str) -> Row | None:
-        """The newest finished run of this cell with these inputs, if its verdict is final."""
-        rows = self._select(
-            "WHERE cell_id = ? AND inputs_hash = ? AND status = 'finished'"
-            " AND verdict NOT LIKE 'error%' AND verdict != 'interrupted'"
-            " ORDER BY finished_at DESC, rowid DESC LIMIT 1",
+        """The newest finished run of this cell with these inputs, if its verdict is final.
+
+        Only the newest counts: a harness fault (`error:…`) or an interruption after a pass means the
+        cell runs again, not that the older pass still stands.
+        """
+        done = self._newest_finished(self._db, cell_id, inputs_hash)
+        return done if done is not None and _final(done) else None
+
+    def _newest_finished(self, db: sqlite3.Connection, cell_id: str, inputs_hash: str) -> Row | None:
+        rows = self._select_in(
+            db,
+            "WHERE cell_id = ? AND inputs_hash = ? AND status = 'finished' ORDER BY finished_at DESC, rowid DESC LIMIT 1",
             (cell_id, inputs_hash),
         )
         return rows[0] if rows else None
@@ -184,54 +307,185 @@ class Store:
         return self._select("ORDER BY started_at, rowid", ())
 
     def _select(self, where: str, params: tuple[Any, ...]) -> list[Row]:
-        cursor = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM cell_runs {where}", params)
+        return self._select_in(self._db, where, params)
+
+    @staticmethod
+    def _select_in(db: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Row]:
+        cursor = db.execute(f"SELECT {', '.join(COLUMNS)} FROM cell_runs {where}", params)
         return [Row(values=_decode(dict(zip(COLUMNS, r, strict=True)))) for r in cursor.fetchall()]
 
     def merge_from(self, other: Path) -> int:
         """Copy rows of another store; rows already present (same run and cell) are kept as they are."""
-        before = self._db.total_changes
-        self._db.execute("ATTACH DATABASE ? AS other", (str(other),))
-        try:
-            with self._transaction() as db:
-                names = ", ".join(COLUMNS)
-                updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c not in ("run_id", "cell_id"))
-                # A row merged while its cell still ran is completed by a later merge; a finished row is
-                # never rewritten. (`WHERE true` lets SQLite's parser accept the upsert after a SELECT.)
-                db.execute(
-                    f"INSERT INTO cell_runs ({names}) SELECT {_readable(db, 'other')} FROM other.cell_runs WHERE true"
-                    f" ON CONFLICT (run_id, cell_id) DO UPDATE SET {updates}"
-                    " WHERE cell_runs.status = 'running' AND excluded.status = 'finished'"
-                )
-        finally:
-            self._db.execute("DETACH DATABASE other")
-        return self._db.total_changes - before
+        return self.merge([other])[0]
+
+    def merge(self, inputs: Sequence[Path]) -> list[int]:
+        """Copy the rows of every input in one transaction: all of them, or (on any error) none.
+
+        Every input is checked before anything is written. A row merged while its cell still ran is
+        completed by a later merge; a finished row is never rewritten. Returns the rows each input added
+        or completed.
+        """
+        return self._merge_checked(check_merge_inputs(self.path, inputs))
+
+    def _merge_checked(self, checked: Sequence[tuple[Path, list[str]]]) -> list[int]:
+        names = ", ".join(COLUMNS)
+        marks = ", ".join("?" for _ in COLUMNS)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c not in ("run_id", "cell_id"))
+        upsert = (
+            f"INSERT INTO cell_runs ({names}) VALUES ({marks}) ON CONFLICT (run_id, cell_id) DO UPDATE SET {updates}"
+            " WHERE cell_runs.status = 'running' AND excluded.status = 'finished'"
+        )
+        added: list[int] = []
+        with self._transaction() as db:
+            for source, columns in checked:
+                before = db.total_changes
+                reader = _open_read_only(source)
+                try:
+                    picked = ", ".join(c if c in columns else "NULL" for c in COLUMNS)
+                    rows = reader.execute(f"SELECT {picked} FROM cell_runs")
+                    db.executemany(upsert, (_redact_stored(dict(zip(COLUMNS, r, strict=True))) for r in rows))
+                except sqlite3.DatabaseError as exc:
+                    raise _store_error(source, exc) from None
+                except ValueError as exc:  # a JSON column that does not parse
+                    raise InputError(f"{source}: the store is corrupt (a row does not parse: {exc})") from None
+                finally:
+                    reader.close()
+                added.append(db.total_changes - before)
+        return added
 
 
-# Columns added after the first release, with their type: an older store gets them on open, and an older
-# shard merges with NULL in them.
-ADDED_COLUMNS = {"backend": "TEXT"}
+def merge_stores(target: Path, inputs: Sequence[Path]) -> list[int]:
+    """`servematrix merge`: the inputs are all checked before the target is opened or created, and a
+    target this merge created is removed again if the merge fails."""
+    checked = check_merge_inputs(target, inputs)
+    created = not target.exists()
+    try:
+        with Store(target) as store:
+            return store._merge_checked(checked)
+    except BaseException:
+        if created:
+            for leftover in (target, target.with_name(target.name + "-wal"), target.with_name(target.name + "-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
 
 
-def _present(db: sqlite3.Connection, schema: str) -> set[str]:
-    return {r[1] for r in db.execute(f"PRAGMA {schema}.table_info(cell_runs)")}
+def check_merge_inputs(target: Path, inputs: Sequence[Path]) -> list[tuple[Path, list[str]]]:
+    for source in inputs:
+        if _same_file(source, target):
+            raise InputError(f"{source}: is also the merge target; merge into another file")
+    return [(source, check_store_file(source)) for source in inputs]
 
 
-def _add_missing_columns(db: sqlite3.Connection, schema: str) -> None:
-    for name, kind in ADDED_COLUMNS.items():
-        if name not in _present(db, schema):
-            db.execute(f"ALTER TABLE {schema}.cell_runs ADD COLUMN {name} {kind}")
+def check_store_file(path: Path) -> list[str]:
+    """The columns of a store that can be merged; InputError naming the file if it is not one."""
+    if not path.is_file():
+        raise InputError(f"{path}: no such store")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: not a servematrix store (empty file)")
+    try:
+        reader = _open_read_only(path)
+    except sqlite3.Error as exc:
+        raise _store_error(path, exc) from None
+    try:
+        if "cell_runs" not in _tables(reader):
+            raise InputError(f"{path}: not a servematrix store (no cell_runs table)")
+        columns = _columns(reader, "main")
+        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+        if missing:
+            raise InputError(f"{path}: not a servematrix store (cell_runs lacks {', '.join(missing)})")
+        problems = [r[0] for r in reader.execute("PRAGMA quick_check").fetchall()]
+        if problems != ["ok"]:
+            raise InputError(f"{path}: the store is corrupt ({'; '.join(problems[:3])})")
+    except sqlite3.DatabaseError as exc:
+        raise _store_error(path, exc) from None
+    finally:
+        reader.close()
+    return columns
 
 
-def _readable(db: sqlite3.Connection, schema: str) -> str:
-    """COLUMNS as a select list over `schema`'s cell_runs, NULL for a column an older store lacks."""
-    present = _present(db, schema)
-    return ", ".join(c if c in present else f"NULL AS {c}" for c in COLUMNS)
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    uri = path.resolve().as_uri()
+    reader = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30)
+    try:
+        reader.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return reader
+    except sqlite3.OperationalError:
+        # A WAL store on a path this user cannot write (an artifact, a read-only mount) cannot even be read
+        # the usual way: SQLite wants its -shm beside it. With no unmerged -wal, the file alone is the store.
+        reader.close()
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=30)
+
+
+def _tables(db: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _columns(db: sqlite3.Connection, schema: str) -> list[str]:
+    return [r[1] for r in db.execute(f"PRAGMA {schema}.table_info(cell_runs)")]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _store_error(path: Path, exc: sqlite3.Error) -> InputError:
+    text = str(exc)
+    if "not a database" in text:
+        return InputError(f"{path}: not a servematrix store (file is not a database)")
+    if "malformed" in text or "corrupt" in text:
+        return InputError(f"{path}: the store is corrupt ({text})")
+    if "readonly" in text or "read-only" in text:
+        return InputError(f"{path}: the store is read-only ({text})")
+    if "unable to open" in text:
+        return InputError(f"{path}: cannot open the store ({text}; is its directory read-only?)")
+    return InputError(f"{path}: cannot use the store ({text})")
+
+
+def _final(row: Row) -> bool:
+    text = row.get("verdict")
+    return bool(text) and Verdict.parse(text).final
+
+
+@functools.cache
+def _engine_secret_flags() -> frozenset[str]:
+    """Every engine's secret flags: what the store masks in argv even if a caller did not."""
+    from servematrix.engines import available_engines, load_engine
+
+    return frozenset(flag for name in available_engines() for flag in load_engine(name).secret_flags)
+
+
+def _redact_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Decoded row values with argv, excerpt and evidence redacted (idempotent)."""
+    out = dict(values)
+    if out.get("argv") is not None:
+        flags = _engine_secret_flags() | frozenset(out.get("redacted_flags") or ())
+        out["argv"] = redact.redact_argv(out["argv"], flags)
+    if out.get("excerpt"):
+        out["excerpt"] = redact.redact(out["excerpt"], env={})
+    if out.get("evidence"):
+        out["evidence"] = [redact.redact(e, env={}) if isinstance(e, str) else e for e in out["evidence"]]
+    return out
+
+
+def _redact_stored(encoded: dict[str, Any]) -> tuple[Any, ...]:
+    """A row as another store holds it (JSON text), redacted, in COLUMNS order: for merges."""
+    if encoded["argv"] is None and not encoded["excerpt"] and encoded["evidence"] in (None, "[]"):
+        return tuple(encoded[c] for c in COLUMNS)
+    redacted = _encode(_decode(encoded))
+    return tuple(redacted[c] for c in COLUMNS)
 
 
 def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
     unknown = set(values) - set(COLUMNS)
     if unknown:
         raise KeyError(f"unknown store columns: {sorted(unknown)}")
+    values = _redact_values(values)
     return {k: json.dumps(v, sort_keys=True) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
 
 

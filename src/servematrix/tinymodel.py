@@ -193,6 +193,29 @@ def is_built(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED) -> bool:
     return marker is not None and marker.get("input_hash") == input_hash(seed)
 
 
+def not_replaceable(out_dir: str | os.PathLike[str]) -> str | None:
+    """Why the builder must not replace what is at ``out_dir``, or None if it may.
+
+    The builder replaces only what it built (a directory holding its marker, whatever its inputs were) or
+    an empty directory. Anything else is someone's data: a file, or a directory without the marker.
+    """
+    out = Path(out_dir)
+    if not out.exists() and not out.is_symlink():
+        return None
+    if not out.is_dir():
+        return f"{out} exists and is not a directory: not replacing it with a model"
+    if (out / MARKER_NAME).is_file() or not any(out.iterdir()):
+        return None
+    return (
+        f"{out} exists and was not built by servematrix (it has no {MARKER_NAME}): not replacing it; "
+        "move it away or choose another model path"
+    )
+
+
+class NotReplaceableError(FileExistsError):
+    pass
+
+
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -239,6 +262,9 @@ def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: b
     out = Path(out_dir).resolve()
     if not force and is_built(out, seed):
         return out
+    problem = not_replaceable(out)
+    if problem:
+        raise NotReplaceableError(problem)
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import tokenizers
@@ -302,6 +328,10 @@ def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: b
         for p in tmp.iterdir():
             p.chmod(0o644)
         if out.exists():
+            # Checked again: the build took a while, and only our own output may be replaced.
+            problem = not_replaceable(out)
+            if problem:
+                raise NotReplaceableError(problem)
             shutil.rmtree(out, ignore_errors=True)
         try:
             os.replace(tmp, out)
@@ -321,7 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--force", action="store_true", help="rebuild even if the marker matches")
     args = parser.parse_args(argv)
-    out = build(args.out_dir, args.seed, force=args.force)
+    try:
+        out = build(args.out_dir, args.seed, force=args.force)
+    except NotReplaceableError as exc:
+        print(f"tinymodel.py: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps({"out_dir": str(out), "input_hash": input_hash(args.seed)}))
     return 0
 

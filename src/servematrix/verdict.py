@@ -1,12 +1,17 @@
 """Verdicts: what a cell's run concluded, with the log excerpt that decided it.
 
-`pass`, `fail:<class>`, `skipped:<reason>`, `unresolvable`, `predicted-fail:<class>`, `error` (the
-harness or the infrastructure failed, not the stack: retried on the next run), `interrupted`.
+`pass`, `fail:<class>`, `skipped:<reason>`, `unresolvable`, `predicted-fail:<class>`, `error:<fault>` (the
+harness or the infrastructure failed, not the stack: retried on the next run), `interrupted` (retried too).
+Which failures are the harness's is data: data/harness_faults.toml.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import tomllib
 from dataclasses import dataclass
+from importlib import resources
 
 # Verdicts that say nothing about the stack: the cell runs again next time.
 RETRY_KINDS = frozenset({"error", "interrupted"})
@@ -46,3 +51,47 @@ def skipped(reason: str, excerpt: str = "") -> Verdict:
 
 def error(reason: str, excerpt: str = "") -> Verdict:
     return Verdict(kind="error", detail=reason, excerpt=excerpt)
+
+
+# -- harness faults ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class HarnessFaults:
+    """What turns a failure into `error:<fault>` (data/harness_faults.toml)."""
+
+    harness_port_classes: frozenset[str]
+    harness_port_fault: str
+    build_network_fault: str
+    build_network_patterns: tuple[re.Pattern[str], ...]
+
+
+@functools.cache
+def harness_faults() -> HarnessFaults:
+    data = tomllib.loads(resources.files("servematrix.data").joinpath("harness_faults.toml").read_text("utf-8"))
+    return HarnessFaults(
+        harness_port_classes=frozenset(data["serve"]["harness_port_classes"]),
+        harness_port_fault=data["serve"]["harness_port_fault"],
+        build_network_fault=data["build"]["network_fault"],
+        build_network_patterns=tuple(re.compile(p, re.IGNORECASE) for p in data["build"]["network_patterns"]),
+    )
+
+
+def served(result: Verdict, *, harness_picked_port: bool) -> Verdict:
+    """A server's verdict, with a port race the harness caused turned into a retried error."""
+    faults = harness_faults()
+    if harness_picked_port and result.kind == "fail" and result.detail in faults.harness_port_classes:
+        excerpt = (
+            f"the port the harness picked was taken by another process before the server bound it\n{result.excerpt}"
+        )
+        return Verdict(kind="error", detail=faults.harness_port_fault, excerpt=excerpt, evidence=result.evidence)
+    return result
+
+
+def build_failed(excerpt: str, log_tail: str = "") -> Verdict:
+    """A failed build: `error:build-network` when an index or registry could not be reached, else `fail:build`."""
+    faults = harness_faults()
+    text = f"{log_tail}\n{excerpt}"
+    if any(p.search(text) for p in faults.build_network_patterns):
+        return error(faults.build_network_fault, excerpt=excerpt)
+    return failed("build", excerpt=excerpt)

@@ -1,8 +1,23 @@
 from __future__ import annotations
 
+import io
+
 import pytest
 
-from servematrix.redact import REDACTED, redact, secret_env_values
+from servematrix.redact import (
+    MASK,
+    REDACTED,
+    LineRedactingWriter,
+    MissingSecretError,
+    Redactor,
+    fill_secrets,
+    masked_flags,
+    placeholder_flags,
+    redact,
+    redact_argv,
+    secret_env_values,
+    spec_secret_flags,
+)
 
 HF = "hf_" + "aB3" * 12
 OPENAI = "sk-proj-" + "Zx9_" * 8
@@ -83,3 +98,103 @@ def test_redaction_is_idempotent():
     once = redact(text, env={})
     assert HF not in once and "p4ssw0rd" not in once and "s3cr3t-v4lue" not in once and "supersecret99" not in once
     assert redact(once, env={}) == once
+
+
+# -- argv ------------------------------------------------------------------------------------------
+
+SK = "sk-" + "Q7w" * 10
+GHP = "ghp_" + "Xy3" * 12
+ENGINE_FLAGS = ("--api-key", "--hf-token", "--token")
+
+
+def test_secret_flag_values_are_masked_in_both_forms():
+    argv = ["serve", "--api-key", "plainvalue1", f"--hf-token={HF}", "--token", GHP, "--port", "8000"]
+    assert redact_argv(argv, ENGINE_FLAGS) == [
+        "serve", "--api-key", MASK, f"--hf-token={MASK}", "--token", MASK, "--port", "8000",
+    ]  # fmt: skip
+    assert masked_flags(argv, ENGINE_FLAGS) == ["--api-key", "--hf-token", "--token"]
+
+
+def test_a_listed_flag_is_masked_whatever_its_value_looks_like():
+    assert redact_argv(["--my-credential", "abc"], ["--my-credential"]) == ["--my-credential", MASK]
+    assert redact_argv(["--my-credential", "abc"]) == ["--my-credential", "abc"]
+
+
+def test_flags_named_like_secrets_are_masked_when_their_value_looks_secret():
+    assert redact_argv(["--admin-api-key", "s3cr3t-value"]) == ["--admin-api-key", MASK]
+    assert redact_argv(["--max-new-token", "64", "--skip-special-token"]) == [
+        "--max-new-token", "64", "--skip-special-token",
+    ]  # fmt: skip
+
+
+def test_token_shapes_are_redacted_in_any_argument():
+    assert redact_argv(["--header", f"x-key:{SK}", f"--model=org/m?{HF}"]) == [
+        "--header", f"x-key:{REDACTED}", f"--model=org/m?{REDACTED}",
+    ]  # fmt: skip
+
+
+def test_a_secret_flag_without_a_value_masks_nothing():
+    assert redact_argv(["--api-key", "--port", "1"], ENGINE_FLAGS) == ["--api-key", "--port", "1"]
+    assert redact_argv(["serve", "--api-key"], ENGINE_FLAGS) == ["serve", "--api-key"]
+
+
+def test_argv_redaction_is_idempotent():
+    argv = ["--api-key", SK, f"--hf-token={HF}", "--x", GHP]
+    once = redact_argv(argv, ENGINE_FLAGS)
+    assert redact_argv(once, ENGINE_FLAGS) == once
+
+
+def test_the_matrix_extends_the_engine_flags():
+    from types import SimpleNamespace
+
+    from servematrix.engines import load_engine
+
+    engine = load_engine("sglang")
+    assert {"--api-key", "--hf-token", "--token"} <= set(engine.secret_flags)
+    spec = SimpleNamespace(engine=engine, file=SimpleNamespace(server=SimpleNamespace(secret_flags=["--db-dsn"])))
+    flags = spec_secret_flags(spec)  # type: ignore[arg-type]
+    assert "--db-dsn" in flags and "--api-key" in flags
+    assert redact_argv(["--db-dsn", "postgres://u@h/db"], flags) == ["--db-dsn", MASK]
+
+
+def test_placeholders_are_filled_from_their_variables():
+    env = {"SERVEMATRIX_SECRET_API_KEY": SK, "SERVEMATRIX_SECRET_HF_TOKEN": HF}
+    argv = ("serve", "--api-key", MASK, f"--hf-token={MASK}", "--port", "1")
+    assert placeholder_flags(argv, ENGINE_FLAGS) == ["--api-key", "--hf-token"]
+    assert fill_secrets(argv, ENGINE_FLAGS, env) == ("serve", "--api-key", SK, f"--hf-token={HF}", "--port", "1")
+    with pytest.raises(MissingSecretError) as missing:
+        fill_secrets(argv, ENGINE_FLAGS, {})
+    assert missing.value.variable == "SERVEMATRIX_SECRET_API_KEY"
+
+
+# -- text and streams --------------------------------------------------------------------------------
+
+
+def test_known_values_and_flags_are_redacted_in_text():
+    redactor = Redactor.for_launch(["serve", "--db-dsn", "postgres-pw-123"], {}, ["--db-dsn"])
+    text = "ServerArgs(db_dsn='postgres-pw-123')\nlaunch: serve --db-dsn postgres-pw-123"
+    out = redactor.text(text)
+    assert "postgres-pw-123" not in out
+
+
+def test_the_stream_writer_redacts_a_secret_split_across_writes():
+    sink = io.BytesIO()
+    writer = LineRedactingWriter(sink, Redactor())
+    line = f"loading with token {HF} now\n".encode()
+    for i in range(0, len(line), 7):
+        writer.write(line[i : i + 7])
+        assert HF.encode() not in sink.getvalue()
+    writer.write(b"a line with no newline yet")
+    assert b"no newline" not in sink.getvalue()  # held back until its end is known
+    writer.close()
+    assert sink.getvalue() == f"loading with token {REDACTED} now\na line with no newline yet".encode()
+
+
+def test_the_stream_writer_bounds_a_line_without_newlines():
+    sink = io.BytesIO()
+    writer = LineRedactingWriter(sink, Redactor(), max_line=1000)
+    for _ in range(50):
+        writer.write(b"progress 10%\r" * 10)
+    assert len(sink.getvalue()) > 0  # written as it came, at its carriage returns
+    writer.close()
+    assert sink.getvalue() == b"progress 10%\r" * 500

@@ -87,7 +87,7 @@ def test_without_a_terminal_each_cell_and_stage_is_one_plain_line(monkeypatch, t
         console=console,
         summary=Summary(run_id="r"),
     )  # type: ignore[arg-type]
-    runner._total, runner._done, runner._started = 4, 1, 0.0
+    runner._total, runner._done, runner._clock_start = 4, 1, 0.0
     cell = plan.cells[0]
     runner._stage(cell, "resolve")
     line = out.getvalue()

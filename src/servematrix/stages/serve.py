@@ -1,9 +1,12 @@
 """The serve stage: launch a cell's server, know when it is ready or doomed, and always tear it down.
 
-The server runs in its own session (process group) with its output going straight to a log file. While
-waiting, the harness tails that file through the engine's failure signatures: a fatal line ends the
-cell at once (SGLang often keeps running, hung, after a scheduler dies), without waiting for the
-readiness deadline. Teardown kills the whole process tree, found with psutil, on every path.
+The server runs in its own session (process group). Its output reaches the log file only through a
+redacting writer (a thread of the harness): each line is redacted before it is written, so the file never
+holds a secret, even if the harness is SIGKILLed (the server then writes into a closed pipe, and nothing
+more reaches the file). While waiting, the harness tails that file through the engine's failure
+signatures: a fatal line ends the cell at once (SGLang often keeps running, hung, after a scheduler dies),
+without waiting for the readiness deadline. Teardown kills the whole process tree, found with psutil, on
+every path.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import httpx
 import psutil
@@ -26,12 +31,14 @@ import psutil
 from servematrix.backends import LaunchSpec
 from servematrix.classify import LogScanner
 from servematrix.engines import Readiness
-from servematrix.redact import redact
+from servematrix.redact import LineRedactingWriter, Redactor
 from servematrix.verdict import Verdict, failed
 
 TAIL_LINES = 30
 SCAN_INTERVAL_S = 0.1
 SETTLE_S = 0.5
+# How long the log writer may keep draining a server's output after the server exited or was killed.
+DRAIN_S = 2.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,6 +77,7 @@ class Server:
         timeout_s: float,
         host: str = "127.0.0.1",
         on_started: Callable[[int, int], None] | None = None,
+        secret_flags: Collection[str] = (),
     ) -> None:
         self.launch = launch
         self.engine = engine
@@ -81,8 +89,9 @@ class Server:
         self.on_started = on_started
         self.base_url = f"http://{host}:{port}"
         # Secrets may be set only in the launch environment, not in the harness's own.
-        self._secrets = {**os.environ, **launch.env}
+        self._redactor = Redactor.for_launch(launch.argv, {**os.environ, **launch.env}, secret_flags)
         self.process: subprocess.Popen[bytes] | None = None
+        self._pump: threading.Thread | None = None
         self._scanner = LogScanner(engine, env={**os.environ, **launch.env})
         self._offset = 0
         self._partial = ""
@@ -92,22 +101,27 @@ class Server:
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.launch.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=dict(self.launch.env),
-                start_new_session=True,  # its own process group: one killpg reaches every worker
-            )
+        self.log_path.write_bytes(b"")
+        self.process = subprocess.Popen(
+            self.launch.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(self.launch.env),
+            start_new_session=True,  # its own process group: one killpg reaches every worker
+        )
+        assert self.process.stdout is not None
+        self._pump = threading.Thread(
+            target=_pump, args=(self.process.stdout, self.log_path, self._redactor), name="server-log", daemon=True
+        )
+        self._pump.start()
         if self.on_started:
             self.on_started(self.process.pid, os.getpgid(self.process.pid))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
-        self._redact_log()
+        self._drain()
 
     @property
     def pid(self) -> int:
@@ -164,6 +178,7 @@ class Server:
             return self._fatal
         code = self.process.poll()
         if code is not None:
+            self._drain()
             self._scan()
             found = self._scanner.best()
             tail = self._tail()
@@ -196,7 +211,12 @@ class Server:
         return first_fatal
 
     def _tail(self) -> str:
-        return redact("\n".join(self._lines), self._secrets)
+        return self._redactor.text("\n".join(self._lines))
+
+    def _drain(self) -> None:
+        """Let the log writer finish what the server wrote (a worker that outlives it may keep the pipe)."""
+        if self._pump is not None:
+            self._pump.join(timeout=DRAIN_S)
 
     def _responds(self) -> bool:
         # A fresh connection per probe: some servers drop a kept-alive connection while starting.
@@ -225,14 +245,19 @@ class Server:
                 continue
         return False
 
-    def _redact_log(self) -> None:
+
+def _pump(stream: IO[bytes], log_path: Path, redactor: Redactor) -> None:
+    """Copy a server's output to its log, redacted line by line and unbuffered (the tail is read live)."""
+    with log_path.open("ab", buffering=0) as log:
+        writer = LineRedactingWriter(log, redactor)
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return
-        cleaned = redact(text, self._secrets)
-        if cleaned != text:
-            self.log_path.write_text(cleaned, encoding="utf-8")
+            while chunk := os.read(stream.fileno(), 65536):
+                writer.write(chunk)
+        except OSError:
+            pass
+        finally:
+            writer.close()
+            stream.close()
 
 
 def kill_tree(pid: int, pgid: int | None, *, grace_s: float = 10.0) -> list[int]:
