@@ -593,6 +593,8 @@ class _Runner:
             ) as server:
                 ready = server.wait_ready()
                 stage_seconds["serve"] = round(ready.seconds, 3)
+                if ready.after_ready_line_s is not None:
+                    stage_seconds["ready_after_log_line"] = round(ready.after_ready_line_s, 3)
                 if not ready.ok:
                     assert ready.verdict is not None
                     result = ready.verdict

@@ -3,7 +3,7 @@
 tests/fixtures/logs/h200-sglang-0.5.12/grpc-port-break.log), then binds the port and every derived port and
 answers /health until killed. A real sglang needs a GPU; this reproduces only that rule.
 
-    python fake_derived_port_server.py --port N
+    python fake_derived_port_server.py --port N [--delay S]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import http.server
 import socket
 import sys
+import time
 
 GRPC_OFFSET = 10000
 
@@ -29,7 +30,9 @@ class Health(http.server.BaseHTTPRequestHandler):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'start-up' before listening")
     args = parser.parse_args()
+    time.sleep(args.delay)
     grpc_port = args.port + GRPC_OFFSET
     if not 1 <= grpc_port <= 65535:
         print(f"ValueError: SGLANG_GRPC_PORT ({grpc_port}) must be between 1 and 65535", file=sys.stderr, flush=True)

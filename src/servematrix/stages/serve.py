@@ -61,6 +61,7 @@ class Ready:
     ok: bool
     seconds: float
     verdict: Verdict | None = None  # why it is not ready
+    after_ready_line_s: float | None = None  # confirmed this long after the engine's ready line (if it has one)
 
 
 class Server:
@@ -95,6 +96,7 @@ class Server:
         self._scanner = LogScanner(engine, env={**os.environ, **launch.env})
         self._offset = 0
         self._partial = ""
+        self._ready_line_at: float | None = None  # when the engine's own ready line appeared in the log
         self._lines: deque[str] = deque(maxlen=TAIL_LINES)  # the tail only: logs of long runs are large
         self._fatal: Verdict | None = None
 
@@ -142,14 +144,19 @@ class Server:
         started = time.monotonic()
         deadline = started + self.timeout_s
         next_poll = started
+        confirmed_line = False
         while True:
             verdict = self.check()
             if verdict is not None:
                 return Ready(ok=False, seconds=time.monotonic() - started, verdict=verdict)
             now = time.monotonic()
-            if now >= next_poll:
+            # The log says ready before a poll would notice: confirm at once with one request, then keep
+            # polling at the engine's interval as the fallback.
+            if now >= next_poll or (self._ready_line_at is not None and not confirmed_line):
+                confirmed_line = self._ready_line_at is not None
                 if self._responds() and self._we_listen():
-                    return Ready(ok=True, seconds=now - started)
+                    after = time.monotonic() - self._ready_line_at if self._ready_line_at is not None else None
+                    return Ready(ok=True, seconds=time.monotonic() - started, after_ready_line_s=after)
                 next_poll = now + self.readiness.interval_s
             if now >= deadline:
                 tail = self._tail()
@@ -203,8 +210,11 @@ class Server:
         lines = text.split("\n")
         self._partial = lines.pop()
         first_fatal = None
+        ready_log = self.readiness.ready_log
         for line in lines:
             self._lines.append(line)
+            if ready_log and self._ready_line_at is None and ready_log in line:
+                self._ready_line_at = time.monotonic()
             hit = self._scanner.feed(line)
             if hit is not None and first_fatal is None:
                 first_fatal = hit
