@@ -30,11 +30,18 @@ class ModelBuildError(RuntimeError):
     pass
 
 
-def builder_script(engine: Engine, builder: str) -> Path:
-    module = engine.model_builders.get(builder)
-    if module is None:
+def builder_entry(engine: Engine, builder: str) -> tuple[str, str]:
+    """(module, size preset) of an engine's model builder: data says `module` or `module:size`."""
+    entry = engine.model_builders.get(builder)
+    if entry is None:
         known = ", ".join(engine.model_builders) or "none"
         raise InputError(f"engine {engine.name} has no model builder {builder!r} (builders: {known})")
+    module, _, size = entry.partition(":")
+    return module, size or "tiny"
+
+
+def builder_script(engine: Engine, builder: str) -> Path:
+    module, _ = builder_entry(engine, builder)
     found = importlib.util.find_spec(module)
     if found is None or found.origin is None:
         raise InputError(f"model builder module {module} is not importable")
@@ -109,17 +116,18 @@ def ensure_model(
         shown = ", ".join(str(r) for r in dict.fromkeys(roots))
         raise InputError(f"model path {path} is outside servematrix's directories ({shown})")
     target = path.resolve()
-    if tinymodel.is_built(target):
+    _, size = builder_entry(engine, builder)
+    if tinymodel.is_built(target, size=size):
         return target
     check_replaceable(target)
     script = builder_script(engine, builder)
     done = subprocess.run(
-        [*python((target.parent,)), str(script), str(target)],
+        [*python((target.parent,)), str(script), str(target), "--size", size],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         check=False,
     )
-    if done.returncode != 0 or not tinymodel.is_built(target):
+    if done.returncode != 0 or not tinymodel.is_built(target, size=size):
         raise ModelBuildError(f"building {builder} into {target} failed:\n{done.stderr[-2000:]}")
     return target

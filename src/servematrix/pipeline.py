@@ -452,6 +452,7 @@ class _Runner:
                 lockfile=resolved.lockfile if resolved else None,
                 lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
                 log_path=build_log,
+                packages=self.plan.spec.file.packages,
             )
             state.stage_seconds["build"] = round(state.built.seconds, 3)
             if not state.built.ok:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -22,6 +23,8 @@ from servematrix.errors import InputError
 from servematrix.tomlsource import KeyPath, TomlSource
 
 PINNED = "pinned"
+LOCKED = "locked"  # a package axis left to the resolver
+PACKAGE_NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 # Arguments are never given to a shell, but reproduce commands are pasted into one: a value that needs
 # quoting to be safe is almost always a mistake in a matrix file.
 SHELL_METACHARACTERS = re.compile(r"[;&|$`<>\\\n\r]|\$\(")
@@ -92,6 +95,9 @@ class SpecFile(_Strict):
     description: str = ""
     python: str = "3.12"
     model: ModelSpec
+    # Package axes: any package's version, beside the engine's own axes (e.g. kernels = ["locked", "0.14.1"]).
+    # A version is a resolver override, recorded as a crossed pin; `locked` leaves the package to the resolver.
+    packages: list[str] = []
     axes: dict[str, list[str]]
     include: list[dict[str, str | list[str]]] = []
     exclude: list[dict[str, str | list[str]]] = []
@@ -134,7 +140,7 @@ class Spec(BaseModel):
 
     @property
     def axis_names(self) -> tuple[str, ...]:
-        return (*self.engine.axes, "gpu")
+        return (*self.engine.axes, *self.file.packages, "gpu")
 
 
 def load_spec(path: Path | str) -> Spec:
@@ -197,8 +203,19 @@ def _engine(source: TomlSource, file: SpecFile) -> Engine:
         raise source.error(("engine",), exc.message) from None
 
 
+def _check_packages(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    seen: set[str] = set()
+    for index, name in enumerate(file.packages):
+        if not PACKAGE_NAME.match(name) or canonicalize_name(name) != name:
+            raise source.error(("packages", index), f"{name!r} is not a package name (lowercase, as pip normalises it)")
+        if name in (*engine.axes, "gpu", "mode") or name in seen:
+            raise source.error(("packages", index), f"{name!r} is already an axis")
+        seen.add(name)
+
+
 def _check_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None:
-    known = (*engine.axes, "gpu", "mode")
+    _check_packages(source, file, engine)
+    known = (*engine.axes, *file.packages, "gpu", "mode")
     for axis, values in file.axes.items():
         if axis not in known:
             raise source.error(("axes", axis), f"unknown axis for engine {engine.name} (axes: {', '.join(known)})")
@@ -231,6 +248,8 @@ def _check_axis_value(
     elif axis == "gpu":
         if value not in file.gpu:
             raise source.error(where, f"unknown GPU kind {value!r}: define it in a [gpu.{value}] table")
+    elif axis in file.packages and value == LOCKED:
+        return
     elif value == PINNED:
         if axis not in engine.pinnable:
             raise source.error(
@@ -265,7 +284,7 @@ def _check_arguments(source: TomlSource, file: SpecFile) -> None:
 
 
 def _rule(source: TomlSource, where: KeyPath, raw: dict[str, str | list[str]], file: SpecFile, engine: Engine) -> Rule:
-    known = (*engine.axes, "gpu", "mode")
+    known = (*engine.axes, *file.packages, "gpu", "mode")
     if not raw:
         raise source.error(where, "rule is empty")
     conditions = []
@@ -279,7 +298,7 @@ def _rule(source: TomlSource, where: KeyPath, raw: dict[str, str | list[str]], f
                     SpecifierSet(item)
                 except InvalidSpecifier:
                     raise source.error((*where, key), f"{item!r} is not a valid version specifier") from None
-            elif key in ("gpu", "mode") or item == PINNED:
+            elif key in ("gpu", "mode") or item in (PINNED, LOCKED):
                 _check_axis_value(source, (*where, key), key, item, file, engine)
             else:
                 try:

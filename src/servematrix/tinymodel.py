@@ -4,7 +4,7 @@ This file is SELF-CONTAINED on purpose: it imports only the standard library at 
 harness (which has no torch) can import it for :func:`builder_path` / :func:`input_hash`, and a cell
 environment's interpreter can run it as a script::
 
-    ENV/bin/python /path/to/tinymodel.py OUT_DIR [--seed N] [--force]
+    ENV/bin/python /path/to/tinymodel.py OUT_DIR [--seed N] [--force] [--size tiny|gpu-1b]
 
 ``tokenizers``, ``transformers`` and ``torch`` are imported only inside :func:`build`.
 
@@ -41,6 +41,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 BUILDER_VERSION = "1"
 MARKER_NAME = "servematrix-tiny-model.json"
@@ -66,6 +67,26 @@ MODEL_CONFIG = {
 # Weights are drawn from N(0, WEIGHT_STD); norms are ones. A larger std than initializer_range gives more
 # varied (less repetitive) greedy output from random weights.
 WEIGHT_STD = 0.5
+
+# Other sizes, for serving tests on a GPU: the same tokenizer and template, a bigger Llama. `gpu-1b` is about
+# 0.76 B parameters in bfloat16 (1.5 GB), the model the first H200 runs used; a small std keeps 16 bf16
+# layers finite.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"model_config": MODEL_CONFIG, "dtype": "float32", "weight_std": WEIGHT_STD},
+    "gpu-1b": {
+        "model_config": {
+            **MODEL_CONFIG,
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+        },
+        "dtype": "bfloat16",
+        "weight_std": 0.02,
+    },
+}
+DEFAULT_SIZE = "tiny"
 
 # The chat template accepts plain-string content and OpenAI-style lists of {"type": "text"} parts.
 CHAT_TEMPLATE = (
@@ -159,13 +180,14 @@ def builder_path() -> Path:
     return Path(__file__).resolve()
 
 
-def input_hash(seed: int = DEFAULT_SEED) -> str:
-    """A sha256 over every builder input: this file's source (code, configs, template, corpus text) and seed.
+def input_hash(seed: int = DEFAULT_SEED, size: str = DEFAULT_SIZE) -> str:
+    """A sha256 over every builder input: this file's source (code, configs, template, corpus text), seed
+    and size.
 
     Stdlib only, so the harness can compare it with a model directory's marker without torch.
     """
     h = hashlib.sha256()
-    payload = {
+    payload: dict[str, object] = {
         "builder_version": BUILDER_VERSION,
         "seed": seed,
         "vocab_size": VOCAB_SIZE,
@@ -174,6 +196,8 @@ def input_hash(seed: int = DEFAULT_SEED) -> str:
         "weight_std": WEIGHT_STD,
         "chat_template": CHAT_TEMPLATE,
     }
+    if size != DEFAULT_SIZE:  # the tiny model's hash is what it always was
+        payload["size"] = {"name": size, **SIZES[size]}
     h.update(json.dumps(payload, sort_keys=True).encode())
     h.update(builder_path().read_bytes())
     return h.hexdigest()
@@ -187,10 +211,10 @@ def read_marker(out_dir: str | os.PathLike[str]) -> dict | None:
         return None
 
 
-def is_built(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED) -> bool:
+def is_built(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, size: str = DEFAULT_SIZE) -> bool:
     """True if ``out_dir`` holds a model built from the current builder inputs."""
     marker = read_marker(out_dir)
-    return marker is not None and marker.get("input_hash") == input_hash(seed)
+    return marker is not None and marker.get("input_hash") == input_hash(seed, size)
 
 
 def not_replaceable(out_dir: str | os.PathLike[str]) -> str | None:
@@ -254,14 +278,17 @@ def _build_tokenizer():
     return fast
 
 
-def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: bool = False) -> Path:
+def build(
+    out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: bool = False, size: str = DEFAULT_SIZE
+) -> Path:
     """Build the model into ``out_dir`` (atomically: a temporary sibling directory, then a rename).
 
     Skips the build when ``out_dir`` already holds a model with the same :func:`input_hash`, unless ``force``.
     """
     out = Path(out_dir).resolve()
-    if not force and is_built(out, seed):
+    if not force and is_built(out, seed, size):
         return out
+    preset = SIZES[size]
     problem = not_replaceable(out)
     if problem:
         raise NotReplaceableError(problem)
@@ -282,10 +309,11 @@ def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: b
             pad_token_id=ids[PAD_TOKEN],
             bos_token_id=ids[BOS_TOKEN],
             eos_token_id=ids[EOS_TOKEN],
-            **MODEL_CONFIG,
+            **preset["model_config"],
         )
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32).eval()
+        dtype = getattr(torch, preset["dtype"])
+        model = LlamaForCausalLM(config).to(dtype).eval()
         with torch.no_grad():
             for name, param in sorted(model.named_parameters()):
                 digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
@@ -293,7 +321,7 @@ def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: b
                 if name.endswith("norm.weight"):
                     param.fill_(1.0)
                 else:
-                    param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * WEIGHT_STD)
+                    param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * preset["weight_std"])
             # See the module docstring: EOS logit is exactly 0, so greedy decoding practically never stops.
             model.lm_head.weight[ids[EOS_TOKEN]].zero_()
         model.generation_config = GenerationConfig(
@@ -310,7 +338,8 @@ def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: b
             "builder": "servematrix.tinymodel",
             "builder_version": BUILDER_VERSION,
             "seed": seed,
-            "input_hash": input_hash(seed),
+            "size": size,
+            "input_hash": input_hash(seed, size),
             "versions": {
                 "torch": torch.__version__,
                 "transformers": transformers.__version__,
@@ -337,7 +366,7 @@ def build(out_dir: str | os.PathLike[str], seed: int = DEFAULT_SEED, *, force: b
             os.replace(tmp, out)
         except OSError:
             # A concurrent builder renamed its (identical) result into place first.
-            if not is_built(out, seed):
+            if not is_built(out, seed, size):
                 raise
     finally:
         if tmp.exists():
@@ -350,13 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--force", action="store_true", help="rebuild even if the marker matches")
+    parser.add_argument("--size", choices=sorted(SIZES), default=DEFAULT_SIZE, help="model size preset")
     args = parser.parse_args(argv)
     try:
-        out = build(args.out_dir, args.seed, force=args.force)
+        out = build(args.out_dir, args.seed, force=args.force, size=args.size)
     except NotReplaceableError as exc:
         print(f"tinymodel.py: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"out_dir": str(out), "input_hash": input_hash(args.seed)}))
+    print(json.dumps({"out_dir": str(out), "input_hash": input_hash(args.seed, args.size)}))
     return 0
 
 

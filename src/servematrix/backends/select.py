@@ -150,7 +150,7 @@ def existing_backend(plan: Any, builds: Sequence[str], python: str | None) -> Ex
         backend.refuse_mislabelled(
             (f"environment {env_id} ({' '.join(f'{k}={v}' for k, v in envs[env_id].axes.items())})", package, version)
             for env_id in builds
-            for package, version in axis_packages(envs[env_id], plan.spec.engine)
+            for package, version in axis_packages(envs[env_id], plan.spec.engine, plan.spec.file.packages)
         )
     return backend
 

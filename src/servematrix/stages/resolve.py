@@ -707,10 +707,13 @@ def _crossings(req: ResolveRequest, *, uv: str, cache_dir: Path, timeout_s: floa
         if override is None:
             continue
         name = canonicalize_name(override.name)
+        used = _exact_version(override) or str(override.specifier)
         release_pin = pins.get(name)
         if release_pin is None:
-            continue  # the release does not pin it exactly: nothing is crossed
-        used = _exact_version(override) or str(override.specifier)
+            # The release leaves it to the resolver (kernels for sglang 0.5.12): pinning it still departs
+            # from what the release would get, so it is recorded.
+            crossed[name] = {"release_pin": "unpinned", "used": used}
+            continue
         if not _versions_equal(used, release_pin):
             crossed[name] = {"release_pin": release_pin, "used": used}
     return dict(sorted(crossed.items()))
