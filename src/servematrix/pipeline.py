@@ -573,7 +573,11 @@ class _Runner:
             Path(directory.format(workdir=workdir)).mkdir(parents=True, exist_ok=True)
         launch = self.backend.launch(state.built, argv, env_vars, port, model_dir=model_dir)
         timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
-        self.store.update(run_id, cell.id, **self._argv_fields(argv), log_path=str(log_path), harness_pid=os.getpid())
+        # The claimed row gets what resolve and build have learnt since (lock, image) and the argv that runs.
+        known = {k: v for k, v in self._base_row(cell, state).items() if k not in ("run_id", "cell_id")}
+        self.store.update(
+            run_id, cell.id, **{**known, **self._argv_fields(argv)}, log_path=str(log_path), harness_pid=os.getpid()
+        )
 
         def started(pid: int, pgid: int) -> None:
             self.store.update(run_id, cell.id, server_pid=pid, server_pgid=pgid)

@@ -65,6 +65,14 @@ def test_a_port_race_is_a_harness_error_and_runs_again(tmp_path, matrix, taken_p
     assert set(second.verdicts.values()) == {"pass"}
 
 
+def test_a_served_cell_keeps_what_its_build_learnt(tmp_path, matrix):
+    """The row is claimed before the build; the lock hash the build reports still reaches it."""
+    summary, _ = _run(matrix, tmp_path, FakeBackend(tmp_path), select=["mode=static"])
+    assert set(summary.verdicts.values()) == {"pass"}
+    with Store(tmp_path / "s.sqlite") as store:
+        assert {r["lock_hash"] for r in store.all_rows()} == {"fake"}
+
+
 def test_a_stack_failure_stays_final(tmp_path, matrix):
     first, _ = _run(matrix, tmp_path, FakeBackend(tmp_path, server_args=("--then", "exit", "--after", "0")))
     assert set(first.verdicts.values()) == {"fail:server-exited"}
