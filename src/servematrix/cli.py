@@ -136,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="environments, logs and built models (default: .servematrix)",
     )
     run.add_argument("--lock-dir", type=Path, help="where locks are written (default: locks/ beside the matrix)")
+    run.add_argument(
+        "--model-root",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory besides the workdir where the matrix's built model may live (repeatable)",
+    )
     run.add_argument("--rerun", action="store_true", help="run cells again even if their inputs are unchanged")
     run.add_argument(
         "--trust-probe",
@@ -312,6 +320,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         lock_dir=args.lock_dir,
         rerun=args.rerun,
         trust_probe=args.trust_probe,
+        model_roots=tuple(args.model_root),
     )
     for line in preamble(plan, options):
         _say(line)

@@ -279,7 +279,7 @@ def _secret_value(flag: str, env: Mapping[str, str]) -> str:
 
 def spec_secret_flags(spec: Spec) -> frozenset[str]:
     """The engine's secret flags and the matrix's own (`[server] secret_flags`)."""
-    extra = getattr(spec.file.server, "secret_flags", None) or ()
+    extra = spec.file.server.secret_flags
     return frozenset((*spec.engine.secret_flags, *extra))
 
 

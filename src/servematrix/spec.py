@@ -77,6 +77,9 @@ class ServerSpec(_Strict):
     args: list[str] = []
     env: dict[str, str] = {}
     ready_timeout_s: PositiveSeconds | None = None
+    # Flags whose value is a credential, beside the engine's own: masked as *** wherever argv is stored,
+    # printed or published.
+    secret_flags: list[Annotated[str, Field(pattern=r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")]] = []
 
 
 class BenchSpec(_Strict):

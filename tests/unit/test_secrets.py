@@ -129,3 +129,12 @@ def test_a_missing_secret_variable_is_named(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "SERVEMATRIX_SECRET_HF_TOKEN" in err and "--hf-token" in err
     assert not (tmp_path / "s.sqlite").exists()
+
+
+def test_the_reproduce_command_names_the_variable_of_each_masked_flag():
+    from servematrix.report.markdown import reproduce
+
+    row = {"matrix": "matrix/m.toml", "cell_id": "abc", "backend": "venv", "redacted_flags": ["--api-key"]}
+    command = reproduce(row)
+    assert command.startswith("SERVEMATRIX_SECRET_API_KEY=*** servematrix run matrix/m.toml")
+    assert reproduce({**row, "redacted_flags": []}).startswith("servematrix run")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.version import InvalidVersion, Version
 
 from servematrix.engines import load_engine
+from servematrix.redact import secret_variable
 from servematrix.report.escape import code, is_slug, text
 from servematrix.store import Row
 
@@ -73,7 +74,7 @@ def reproduce(row: Row) -> str:
     """The command that runs this cell again, on the backend it ran on. Rows stored before the backend was
     recorded name none: the command then picks one (`auto`), rather than naming one that may be wrong."""
     backend = row.get("backend")
-    return shlex.join(
+    command = shlex.join(
         [
             "servematrix",
             "run",
@@ -84,6 +85,9 @@ def reproduce(row: Row) -> str:
             "--rerun",
         ]
     )
+    # A secret the argv held is shown as `***`: say which variable supplies it (a matrix may write `***`).
+    secrets = [f"{secret_variable(flag)}=***" for flag in row.get("redacted_flags") or ()]
+    return " ".join([*secrets, command])
 
 
 # Why a pair of cells (first mode, second mode) has no speedup, most decisive first: a square of the heatmap
