@@ -35,6 +35,7 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import random
 import signal
 import site
@@ -586,7 +587,7 @@ class ClientPool:
         for i in range(k):  # the start barrier: every worker has its share ready before any starts
             self._send(i, ("go",))
         done = [self._receive(i, "done") for i in range(k)]
-        results = [r for msg in done for r in msg[1]]
+        results: list[RequestResult] = [r for msg in done for r in pickle.loads(msg[1])]
         wall = max(msg[3] for msg in done) - min(msg[2] for msg in done)
         cpu = sum(msg[4] for msg in done) + time.thread_time() - parent_cpu0
         return Batch(results, wall, cpu, k)

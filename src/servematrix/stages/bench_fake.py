@@ -61,6 +61,9 @@ class FakeBehavior:
     # Every chunk carries the fields sglang and vLLM send as null ("finish_reason", "logprobs", "usage"):
     # the shape, and the size, of the events a client really parses.
     null_fields: bool = False
+    # Keep every request in the log. Off in the server process (nobody can read its log; a ceiling
+    # measurement sends tens of thousands of requests).
+    record: bool = True
 
     def __post_init__(self) -> None:
         if self.usage not in USAGE_MODES:
@@ -222,8 +225,9 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 body = json.loads(raw)
                 state.count += 1
                 entry = RequestLog(path=path, body=body, status=200, prompt=_prompt_of(body))
-                state.log.append(entry)
                 b = state.behavior
+                if b.record:
+                    state.log.append(entry)
                 unexpected = set(body) & b.reject_fields
                 if unexpected:
                     entry.status = 422
@@ -361,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         usage=args.usage,
         send_done=args.send_done,
         null_fields=args.null_fields,
+        record=False,
     )
     socks = _listeners(args.host, args.port, args.processes)
     children = []

@@ -20,7 +20,7 @@ request), not to the benchmark. This module keeps per-event work to a minimum:
 A worker process (``python -m servematrix.stages.bench_worker``) runs its share of a batch's streams on its own
 event loop. The parent (``bench.ClientPool``) talks to it over stdin/stdout with length-prefixed pickles (the
 parent started it: the pickles are trusted): first ``("hello", cpus)``; then ``("batch", spec)`` → ``("ready",)``;
-``("go",)`` → ``("done", results, t_start, t_end, cpu_s)``; ``("exit",)``. ``time.perf_counter`` is CLOCK_MONOTONIC on Linux,
+``("go",)`` → ``("done", pickled results, t_start, t_end, cpu_s)``; ``("exit",)``. ``time.perf_counter`` is CLOCK_MONOTONIC on Linux,
 shared by all processes, so the parent can take the wall time from the earliest start to the latest end.
 """
 
@@ -499,6 +499,9 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
     runner = Runner()
     try:
         while True:
+            # CPU from here on is the batch's (waiting for a message costs none): reading its share, the run,
+            # and pickling the results all count.
+            cpu0 = time.process_time()
             msg = read_message(inp)
             if msg is None or msg[0] == "exit":
                 return
@@ -509,10 +512,9 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
             go = read_message(inp)
             if go is None or go[0] != "go":
                 return
-            cpu0 = time.process_time()
             results, t_start, t_end = loop.run_until_complete(runner.run(spec))
-            cpu_s = time.process_time() - cpu0
-            write_message(out, ("done", results, t_start, t_end, cpu_s))
+            data = pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
+            write_message(out, ("done", data, t_start, t_end, time.process_time() - cpu0))
     finally:
         runner.close()
         loop.run_until_complete(asyncio.sleep(0))  # let the transports close
