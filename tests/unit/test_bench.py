@@ -203,7 +203,8 @@ def test_to_dict_is_json_serialisable(fake):
     assert set(d["levels"][0]["output_tok_s"]) == {"min", "median", "max"}
     assert d["client"]["processes"] == 1 and "bench_worker" in d["client"]["transport"]
     assert d["levels"][0]["runs"][0]["client_cpu_s"] > 0
-    assert d["client_ceiling"] is None and d["levels"][0]["client_bound"] is None
+    assert d["client_ceiling"] is None and d["levels"][0]["client_ceiling_tok_s"] is None
+    assert d["levels"][0]["client_busy"] > 0 and isinstance(d["levels"][0]["client_bound"], bool)
     assert any("c=3 repeat 2/2" in m for m in messages)
 
 

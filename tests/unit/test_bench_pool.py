@@ -1,5 +1,6 @@
 """The client's worker processes, its ceiling, level floors, speedups and CPU pinning (real subprocesses)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -108,12 +109,14 @@ def test_client_bound_is_flagged_near_the_ceiling(fake):
     report = run_workload_sync(fake.base_url, "m", w)
     (level,) = report.levels
     best = level.output_tok_s.max
-    assert level.client_bound is None and level.client_ceiling_tok_s is None  # no ceiling given
-    # The same measured repeats against ceilings above and below 3x the best repeat.
-    near = LevelSummary.of(4, level.runs, ceiling=_ceiling(2 * best))
-    far = LevelSummary.of(4, level.runs, ceiling=_ceiling(4 * best))
+    assert level.client_ceiling_tok_s is None and level.client_headroom is None  # no ceiling given
+    # The same measured repeats (their CPU rule set aside) against ceilings above and below 3x the best repeat.
+    runs = [dataclasses.replace(r, client_busy=None) for r in level.runs]
+    near = LevelSummary.of(4, runs, ceiling=_ceiling(2 * best))
+    far = LevelSummary.of(4, runs, ceiling=_ceiling(4 * best))
     assert near.client_bound is True and near.client_headroom == pytest.approx(2.0)
     assert far.client_bound is False and far.client_headroom == pytest.approx(4.0)
+    assert LevelSummary.of(4, runs).client_bound is None  # nothing to judge by
     # ... and end to end: the ceiling is recorded beside the level and in the report dict.
     low = run_workload_sync(fake.base_url, "m", _workload(repeats=1, warmup=0), ceiling=_ceiling(1.0))
     assert low.levels[0].client_bound is True and low.client_bound is True
@@ -121,7 +124,22 @@ def test_client_bound_is_flagged_near_the_ceiling(fake):
     assert d["client_ceiling"]["levels"][0]["tok_s"] == 1.0 and d["levels"][0]["client_ceiling_tok_s"] == 1.0
     assert d["client_bound"] is True
     high = run_workload_sync(fake.base_url, "m", _workload(repeats=1, warmup=0), ceiling=_ceiling(1e12))
-    assert high.levels[0].client_bound is False and high.client_bound is False
+    assert high.levels[0].client_headroom > 1e6
+    assert high.levels[0].client_bound == (high.levels[0].client_busy >= bench.CLIENT_BOUND_FRACTION)
+
+
+def test_client_bound_is_flagged_when_the_client_was_busy(fake):
+    report = run_workload_sync(fake.base_url, "m", _workload(repeats=2, warmup=0))
+    (level,) = report.levels
+    assert level.client_busy == max(r.client_busy for r in level.runs) > 0
+
+    def busy(*fractions: float) -> list:
+        return [dataclasses.replace(r, client_busy=f) for r, f in zip(level.runs, fractions, strict=True)]
+
+    assert LevelSummary.of(4, busy(0.1, 0.5)).client_bound is True  # one saturated repeat is enough
+    assert LevelSummary.of(4, busy(0.1, 0.2)).client_bound is False
+    # far from the ceiling, but busy: still flagged
+    assert LevelSummary.of(4, busy(0.1, 0.5), ceiling=_ceiling(1e12)).client_bound is True
 
 
 # ------------------------------------------------------------------------------------------ level floor
