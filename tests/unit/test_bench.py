@@ -112,17 +112,18 @@ def test_workload_validation():
 
 
 @pytest.mark.parametrize(
-    ("usage", "send_done", "api"),
+    ("usage", "send_done", "api", "nulls"),
     [
-        ("final_chunk", False, "chat"),  # transformers serve
-        ("separate_chunk", True, "chat"),  # sglang / vLLM
-        ("final_chunk", False, "completions"),
-        ("separate_chunk", True, "completions"),
+        ("final_chunk", False, "chat", False),  # transformers serve
+        ("separate_chunk", True, "chat", True),  # sglang / vLLM (null fields in every chunk)
+        ("final_chunk", False, "completions", False),
+        ("separate_chunk", True, "completions", True),
     ],
 )
-def test_counts_exactly_the_servers_usage_and_excludes_warmup(fake, usage, send_done, api):
+def test_counts_exactly_the_servers_usage_and_excludes_warmup(fake, usage, send_done, api, nulls):
     # 3 tokens per chunk and early stops: chunk counts and max_tokens both differ from the usage counts.
-    fake.set_behavior(FakeBehavior(usage=usage, send_done=send_done, tokens_per_chunk=3, early_eos_mod=4))
+    behavior = FakeBehavior(usage=usage, send_done=send_done, tokens_per_chunk=3, early_eos_mod=4, null_fields=nulls)
+    fake.set_behavior(behavior)
     w = _workload(api=api)
     report = run_workload_sync(fake.base_url, "m", w)
 
@@ -149,9 +150,12 @@ def test_request_body(fake):
     assert len({e.prompt for e in fake.log}) == len(fake.log)
 
 
-def test_concurrency_is_reached_and_never_exceeded(fake):
+@pytest.mark.parametrize("processes", [1, 3])
+def test_concurrency_is_reached_and_never_exceeded(fake, processes):
     fake.set_behavior(FakeBehavior(token_delay_s=0.005))
-    w = _workload(concurrency=(4,), prompts_per_concurrency=12, warmup=0, repeats=1, output_len=10)
+    w = _workload(
+        concurrency=(4,), prompts_per_concurrency=12, warmup=0, repeats=1, output_len=10, client_processes=processes
+    )
     report = run_workload_sync(fake.base_url, "m", w)
     assert report.error_count == 0
     assert fake.state.max_in_flight == 4
@@ -197,7 +201,10 @@ def test_to_dict_is_json_serialisable(fake):
     assert d["completion_tokens"] == report.completion_tokens
     assert d["levels"][0]["runs"][0]["ttft"]["p99"] > 0
     assert set(d["levels"][0]["output_tok_s"]) == {"min", "median", "max"}
-    assert d["client"]["httpx"]
+    assert d["client"]["processes"] == 1 and "bench_worker" in d["client"]["transport"]
+    assert d["levels"][0]["runs"][0]["client_cpu_s"] > 0
+    assert d["client_ceiling"] is None and d["levels"][0]["client_ceiling_tok_s"] is None
+    assert d["levels"][0]["client_busy"] > 0 and isinstance(d["levels"][0]["client_bound"], bool)
     assert any("c=3 repeat 2/2" in m for m in messages)
 
 
