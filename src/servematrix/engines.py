@@ -131,6 +131,9 @@ class Engine(_Data):
     pins: dict[str, dict[str, str]] = {}
     model_builders: dict[str, str] = {}
     import_check: ImportCheckSpec = ImportCheckSpec()
+    # The OpenAI API's `ignore_eos` extra: every request then makes exactly output_len tokens. transformers
+    # serve refuses unknown fields (422), so it is the engine's to say.
+    supports_ignore_eos: bool = False
     derived_ports: tuple[DerivedPorts, ...] = ()
     mode_evidence: tuple[ModeEvidence, ...] = ()
     # Flags whose value is a credential: masked as `***` in every stored, printed or published argv.

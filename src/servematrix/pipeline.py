@@ -11,11 +11,13 @@ group, so the next run can reap a server orphaned by a killed harness.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servematrix import hostinfo, ports, tomlsource, verdict
-from servematrix.backends import Backend, Built
+from servematrix.backends import Backend, Built, LaunchSpec
 from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.engines import Engine
 from servematrix.errors import InputError, Location
@@ -252,6 +254,22 @@ def _same_arg(stored: str, live: str) -> bool:
     return False
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Served:
+    """One server start of a cell: its verdict, benchmark and stage times."""
+
+    result: Verdict
+    metrics: dict[str, Any] | None
+    stage_seconds: dict[str, float]
+
+
+@dataclass
+class _Pending:
+    cell: Cell
+    prediction: Verdict | None
+    starts: list[_Served]
+
+
 @dataclass
 class _EnvState:
     env: Environment
@@ -259,6 +277,7 @@ class _EnvState:
     built: Built | None = None
     ended: Verdict | None = None  # an environment-level verdict that ends every cell
     notes: tuple[str, ...] = ()  # environment-level evidence for every cell (e.g. the import check)
+    pending: dict[str, _Pending] = field(default_factory=dict)  # served cells with more starts to come
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -271,6 +290,17 @@ class _Runner:
     console: Console
     summary: Summary
     _progress: tuple[Progress, TaskID] | None = None
+    _ceiling: bench.Ceiling | None = None  # the benchmark client's, measured on this host once per run
+    _ceiling_tried: bool = False
+
+    @property
+    def _starts(self) -> int:
+        return self.plan.spec.file.bench.starts
+
+    @functools.cached_property
+    def _cpu_split(self) -> bench.CpuSplit | None:
+        wanted = self.plan.spec.file.bench.client_cpus
+        return bench.split_cpus(wanted) if wanted else None
 
     def run(self) -> None:
         spec = self.plan.spec
@@ -310,15 +340,16 @@ class _Runner:
             task = progress.add_task(f"{spec.path.name}", total=total, stage="") if progress is not None else None
             if progress is not None and task is not None:
                 self._progress = (progress, task)
+            by_id = {c.id: c for c in self.plan.cells}
             for cells in todo.values():
                 state = _EnvState(env=cells[0].env)
                 for cell in cells:
                     self._claimed_cell(state, cell)
-                    self._done += 1
-                    if progress is not None and task is not None:
-                        progress.advance(task)
-                    else:
-                        self._line(cell, self.summary.verdicts.get(cell.id, "?"))
+                    if cell.id in state.pending:
+                        continue  # more server starts follow: counted when the cell is finished
+                    self._advance(cell, progress, task)
+                for cell_id in self._more_starts(state):
+                    self._advance(by_id[cell_id], progress, task)
         if self.summary.skipped_owned:
             owners = sorted(set(self.summary.skipped_owned.values()))
             self.console.print(
@@ -353,6 +384,27 @@ class _Runner:
             raise
         except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
             self._record(cell, state, verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}"))
+
+    def _advance(self, cell: Cell, progress: Progress | None, task: TaskID | None) -> None:
+        self._done += 1
+        if progress is not None and task is not None:
+            progress.advance(task)
+        else:
+            self._line(cell, self.summary.verdicts.get(cell.id, "?"))
+
+    def _more_starts(self, state: _EnvState) -> list[str]:
+        """The further server starts of the environment's served cells, interleaved across its modes
+        (baseline, piecewise, baseline, piecewise, ...); a cell stops at its first start that does not pass.
+        Returns the cells finished here."""
+        for _ in range(1, self._starts):
+            for pending in state.pending.values():
+                if pending.starts[-1].result.kind == "pass":
+                    self._serve_again(state, pending)
+        for pending in state.pending.values():
+            self._finish_served(state, pending.cell, pending.starts, pending.prediction)
+        finished = list(state.pending)
+        state.pending.clear()
+        return finished
 
     def _end_claim(self, cell: Cell, result: str, excerpt: str) -> None:
         if cell.id not in self.summary.verdicts:
@@ -549,21 +601,70 @@ class _Runner:
         return None
 
     def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
-        spec = self.plan.spec
-        assert state.built is not None
         try:
-            model_dir = self._model_dir(state)
+            outcome = self._serve_once(state, cell)
         except ModelBuildError as exc:
             self._record(cell, state, verdict.error("model-build", excerpt=str(exc)))
             return
+        if self._starts > 1 and outcome.result.kind == "pass":
+            # More starts of this cell follow, interleaved with the environment's other modes (run()).
+            state.pending[cell.id] = _Pending(cell=cell, prediction=prediction, starts=[outcome])
+            return
+        self._finish_served(state, cell, [outcome], prediction)
+
+    def _serve_again(self, state: _EnvState, pending: _Pending) -> None:
+        """One more server start of a cell that has passed every start so far."""
+        try:
+            pending.starts.append(self._serve_once(state, pending.cell))
+        except ModelBuildError as exc:
+            pending.starts.append(
+                _Served(result=verdict.error("model-build", excerpt=str(exc)), metrics=None, stage_seconds={})
+            )
+
+    def _finish_served(
+        self, state: _EnvState, cell: Cell, starts: Sequence[_Served], prediction: Verdict | None
+    ) -> None:
+        """The cell's verdict over all its server starts: the first that did not pass, else a pass; the
+        benchmark figures pooled over the starts."""
+        assert state.built is not None
+        failed_start = next((i for i, s in enumerate(starts) if s.result.kind != "pass"), None)
+        chosen = starts[failed_start if failed_start is not None else 0]
+        result = chosen.result
+        evidence = [*result.evidence, *state.built.notes]
+        if len(starts) > 1 or self._starts > 1:
+            where = f"start {failed_start + 1} of " if failed_start is not None else ""
+            evidence.append(f"{where}{len(starts)} interleaved server start(s) of this cell")
+        if prediction is not None:
+            # The GPU run checks the CPU prediction; the report tells predictions from observations.
+            confirmed = result.kind == "fail" and result.detail == prediction.detail
+            evidence.append(f"predicted {prediction.detail}: {'confirmed' if confirmed else 'contradicted'}")
+        metrics = pooled_metrics([s.metrics for s in starts if s.metrics is not None])
+        if metrics is not None and self._ceiling is not None:
+            metrics["client_ceiling"] = self._ceiling.to_dict()
+        self.store.finish(
+            self.options.run_id,
+            cell.id,
+            verdict=str(result),
+            excerpt=result.excerpt,
+            evidence=evidence,
+            metrics=metrics,
+            stages=chosen.stage_seconds,
+        )
+        self.summary.verdicts[cell.id] = str(result)
+
+    def _serve_once(self, state: _EnvState, cell: Cell) -> _Served:
+        """Start the cell's server, wait for it, benchmark it, stop it. Raises ModelBuildError."""
+        spec = self.plan.spec
+        assert state.built is not None
+        model_dir = self._model_dir(state)
         model = self.backend.model_location(model_dir) if model_dir else spec.file.model.path
         run_id = self.options.run_id
-        log_path = self.options.workdir / "logs" / run_id / f"{cell.id}.log"
+        start = len(state.pending[cell.id].starts) if cell.id in state.pending else 0
+        log_path = self.options.workdir / "logs" / run_id / f"{cell.id}{f'.start{start + 1}' if start else ''}.log"
         try:
             port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
         except ports.NoPortError as exc:
-            self._record(cell, state, verdict.error("harness", excerpt=f"port: {exc}"))
-            return
+            return _Served(result=verdict.error("harness", excerpt=f"port: {exc}"), metrics=None, stage_seconds={})
         planned = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
         # `***` values of secret flags come from the environment (check_inputs made sure they are set).
         argv = fill_secrets(planned, self._secret_flags, os.environ)
@@ -572,6 +673,9 @@ class _Runner:
         for directory in spec.engine.prepare.directories:
             Path(directory.format(workdir=workdir)).mkdir(parents=True, exist_ok=True)
         launch = self.backend.launch(state.built, argv, env_vars, port, model_dir=model_dir)
+        if self._cpu_split is not None and launch.owns_listener:
+            # The server on its CPUs, the benchmark client on the others: they must not compete.
+            launch = LaunchSpec(argv=tuple(self._cpu_split.pin_server(launch.argv)), env=launch.env, owns_listener=True)
         timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
         # The claimed row gets what resolve and build have learnt since (lock, image) and the argv that runs.
         known = {k: v for k, v in self._base_row(cell, state).items() if k not in ("run_id", "cell_id")}
@@ -585,7 +689,7 @@ class _Runner:
         stage_seconds = dict(state.stage_seconds)
         metrics: dict[str, Any] | None = None
         try:
-            self._stage(cell, "serve")
+            self._stage(cell, f"serve{f' (start {start + 1})' if self._starts > 1 else ''}")
             with serve.Server(
                 launch,
                 engine=spec.engine.name,
@@ -627,22 +731,9 @@ class _Runner:
             if stop is not None:
                 stop(launch)
         # The harness picked the port: if another process took it first, that is the harness's fault.
-        result = verdict.served(result, harness_picked_port=True)
-        evidence = [*result.evidence, *state.built.notes]
-        if prediction is not None:
-            # The GPU run checks the CPU prediction; the report tells predictions from observations.
-            confirmed = result.kind == "fail" and result.detail == prediction.detail
-            evidence.append(f"predicted {prediction.detail}: {'confirmed' if confirmed else 'contradicted'}")
-        self.store.finish(
-            run_id,
-            cell.id,
-            verdict=str(result),
-            excerpt=result.excerpt,
-            evidence=evidence,
-            metrics=metrics,
-            stages=stage_seconds,
+        return _Served(
+            result=verdict.served(result, harness_picked_port=True), metrics=metrics, stage_seconds=stage_seconds
         )
-        self.summary.verdicts[cell.id] = str(result)
 
     def _bench(self, server: serve.Server, model: str) -> tuple[Verdict, dict[str, Any] | None]:
         file = self.plan.spec.file
@@ -652,17 +743,17 @@ class _Runner:
             return doomed, None
         if not smoke.ok:
             return verdict.failed("smoke", excerpt=smoke.reason), None
-        workload = bench.Workload(
-            concurrency=tuple(file.bench.concurrency),
-            input_len=file.bench.input_len,
-            output_len=file.bench.output_len,
-            prompts_per_concurrency=file.bench.prompts_per_concurrency,
-            warmup=file.bench.warmup,
-            repeats=file.bench.repeats,
-            temperature=file.bench.temperature,
-            api=file.bench.api,
-        )
-        report = bench.run_workload_sync(server.base_url, model, workload)
+        workload = self._workload()
+        if self._ceiling is None and not self._ceiling_tried:
+            self._ceiling_tried = True
+            self._stage_note("measuring the benchmark client's ceiling on this host (fake server)")
+            try:
+                self._ceiling = bench.measure_ceiling(
+                    workload, server_cpus=self._cpu_split.server if self._cpu_split else ()
+                )
+            except (RuntimeError, OSError) as exc:
+                self.console.print(f"[yellow]the client's ceiling could not be measured: {exc}[/]")
+        report = bench.run_workload_sync(server.base_url, model, workload, ceiling=self._ceiling)
         metrics = report.to_dict()
         doomed = server.check()
         if doomed is not None:
@@ -671,6 +762,26 @@ class _Runner:
         if errors:
             return verdict.failed("bench-errors", excerpt=f"{errors} request(s) failed"), metrics
         return verdict.passed(), metrics
+
+    def _workload(self) -> bench.Workload:
+        settings = self.plan.spec.file.bench
+        return bench.Workload(
+            concurrency=tuple(settings.concurrency),
+            input_len=settings.input_len,
+            output_len=settings.output_len,
+            prompts_per_concurrency=settings.prompts_per_concurrency,
+            warmup=settings.warmup,
+            repeats=settings.repeats,
+            temperature=settings.temperature,
+            api=settings.api,
+            ignore_eos=self.plan.spec.engine.supports_ignore_eos,
+            min_level_s=settings.min_level_s,
+            client_processes=settings.client_processes,
+            client_cpus=self._cpu_split.client if self._cpu_split else (),
+        )
+
+    def _stage_note(self, text: str) -> None:
+        print(f"servematrix: {text}", file=self.console.file, flush=True)
 
     def _model_dir(self, state: _EnvState) -> Path | None:
         """A model servematrix builds (``model.build``), built once with the environment's interpreter."""
@@ -706,6 +817,31 @@ class _Runner:
             axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
             table.add_row(Text(cell_id), Text(axes), Text(cell.mode), Text(result, style=colour))
         self.console.print(table)
+
+
+def pooled_metrics(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """One benchmark record from several server starts: each level's repeats pooled (each run keeps its
+    start), its spread over all of them; the first start's other fields."""
+    if not reports:
+        return None
+    if len(reports) == 1:
+        return reports[0]
+    pooled = copy.deepcopy(reports[0])
+    pooled["starts"] = len(reports)
+    for level in pooled.get("levels", []):
+        runs = []
+        for start, report in enumerate(reports, 1):
+            same = next((lv for lv in report.get("levels", []) if lv["concurrency"] == level["concurrency"]), None)
+            runs += [{**run, "start": start} for run in (same or {}).get("runs", [])]
+        level["runs"] = runs
+        level["output_tok_s"] = asdict(bench.Spread.of([r["output_tok_s"] for r in runs]))
+        level["request_s"] = asdict(bench.Spread.of([r["request_s"] for r in runs]))
+        level["error_count"] = sum(r.get("error_count", 0) for r in runs)
+        level["completion_tokens"] = sum(r.get("completion_tokens", 0) for r in runs)
+    pooled["error_count"] = sum(lv["error_count"] for lv in pooled.get("levels", []))
+    pooled["completion_tokens"] = sum(lv["completion_tokens"] for lv in pooled.get("levels", []))
+    pooled["client_bound"] = any(r.get("client_bound") for r in reports)
+    return pooled
 
 
 def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:

@@ -91,6 +91,15 @@ class BenchSpec(_Strict):
     repeats: int = Field(default=1, ge=1)
     api: Literal["chat", "completions"] = "chat"
     temperature: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    # Each repeat lasts at least this long at the throughput measured in the warmup (0: prompts_per_concurrency).
+    min_level_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    # Server starts per mode, interleaved across an environment's modes (baseline, piecewise, baseline, ...):
+    # the spread between starts was larger than the piecewise effect on a real H200.
+    starts: int = Field(default=1, ge=1, le=10)
+    # The client's worker processes, and how many of the host's CPUs they get to themselves (0: no pinning;
+    # the server then runs on the rest). Its ceiling is measured on this host before the first cell.
+    client_processes: int = Field(default=1, ge=1, le=64)
+    client_cpus: int = Field(default=0, ge=0)
 
 
 class SpecFile(_Strict):
