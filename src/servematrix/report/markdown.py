@@ -23,6 +23,7 @@ from packaging.version import InvalidVersion, Version
 from servematrix.engines import load_engine
 from servematrix.redact import secret_variable
 from servematrix.report.escape import code, is_slug, text
+from servematrix.stages import bench
 from servematrix.store import Row
 
 if TYPE_CHECKING:
@@ -88,6 +89,19 @@ def reproduce(row: Row) -> str:
     # A secret the argv held is shown as `***`: say which variable supplies it (a matrix may write `***`).
     secrets = [f"{secret_variable(flag)}=***" for flag in row.get("redacted_flags") or ()]
     return " ".join([*secrets, command])
+
+
+def speedup_range(first: Row | None, second: Row | None, concurrency: int) -> str:
+    """(low–high over the repeats' pairs), and "inconclusive" when that range holds 1.0 or a side has one
+    repeat: a ratio of medians alone hides that server starts spread by more than the effect measured."""
+    if first is None or second is None:
+        return ""
+    try:
+        found = bench.speedup(first.get("metrics") or {}, second.get("metrics") or {}, concurrency)
+    except (ValueError, KeyError, TypeError):
+        return ""
+    label = ", inconclusive" if found.inconclusive else ""
+    return f" ({found.low:.2f}–{found.high:.2f}{label})"
 
 
 # Why a pair of cells (first mode, second mode) has no speedup, most decisive first: a square of the heatmap
@@ -219,7 +233,11 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
             first, second = cells.get(modes[0]), cells.get(modes[1])
             ratio = speedup(first, second)
             why = no_speedup_text(no_speedup(first, second), modes[0], modes[1]) if not ratio else ""
-            line.append(f"**{ratio[0]:.2f}×** @{ratio[1]}" if ratio else f"— {text(why)}")
+            line.append(
+                f"**{ratio[0]:.2f}×** @{ratio[1]}{speedup_range(first, second, ratio[1])}"
+                if ratio
+                else f"— {text(why)}"
+            )
         lines.append("| " + " | ".join(line) + " |")
     lines.append("")
     lines.append(provenance_markdown(rows))
