@@ -278,6 +278,7 @@ class _EnvState:
     ended: Verdict | None = None  # an environment-level verdict that ends every cell
     notes: tuple[str, ...] = ()  # environment-level evidence for every cell (e.g. the import check)
     pending: dict[str, _Pending] = field(default_factory=dict)  # served cells with more starts to come
+    imported: bool = False  # the import check ran (its verdict, if any, is in `ended`)
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -490,7 +491,8 @@ class _Runner:
             if state.ended:
                 return state.ended
         if not gpu_ready(env):
-            if self._wants("import") and "import" in engine.preflight and state.resolved is not None:
+            if self._wants("import") and "import" in engine.preflight and not state.imported:
+                state.imported = True  # once per environment: its cells share the lock
                 state.ended = self._import_check(state, cell)
             return state.ended  # GPU stages are skipped per cell below; nothing to build here
         if self._wants("build") and state.built is None:
