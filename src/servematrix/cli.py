@@ -211,6 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
     _regression_args(report)
     report.set_defaults(handler=cmd_report)
 
+    recommend = commands.add_parser(
+        "recommend",
+        help="which stack to pick per GPU kind, and the nearest fix for each failing cell",
+        description="Per GPU kind: the stacks that passed on a GPU (fastest first), then those every CPU "
+        "pre-flight passed (a GPU run still decides); for each failing cell, the nearest cell that is not "
+        "failing and what differs. From a store, or from the published results.",
+    )
+    recommend.add_argument(
+        "--store", type=Path, help=f"a result store (default: the published {PUBLISHED_SITE / RECORD})"
+    )
+    recommend.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or JSON")
+    recommend.set_defaults(handler=cmd_recommend)
+
     merge = commands.add_parser("merge", help="merge shard stores into one (idempotent)")
     merge.add_argument("out", type=Path, metavar="OUT.sqlite", help="the store to merge into (created if missing)")
     merge.add_argument("inputs", type=Path, nargs="+", metavar="IN.sqlite", help="shard stores to merge from")
@@ -434,6 +447,26 @@ def cmd_report(args: argparse.Namespace) -> int:
         from_published=args.from_published,
     )
     return _regression_exit(regressions, args.fail_on_regression)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from servematrix.report.publish import read_record, store_rows
+    from servematrix.report.recommend import recommend, render_text
+    from servematrix.report.regressions import published_rows
+
+    if args.store is not None:
+        rows = store_rows(args.store)
+    else:
+        record = read_record(PUBLISHED_SITE / RECORD)
+        if record is None:
+            raise InputError(f"no published results at {PUBLISHED_SITE / RECORD}: pass --store PATH")
+        rows = published_rows(record)
+    found = recommend(rows)
+    if args.format == "json":
+        print(json.dumps([r.to_dict() for r in found], indent=2))
+    else:
+        print(render_text(found, rows))
+    return 0
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

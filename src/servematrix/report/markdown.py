@@ -178,6 +178,9 @@ def render(rows: Sequence[Row], title: str = "Compatibility", extras: Extras = N
         out.append("No results yet: run `nox -s matrix` first.\n")
         return "".join(out) if not extras.html else "\n".join(out)
     out.append(_regressions(extras))
+    from servematrix.report.recommend import render_markdown  # it reads this module's tok_s
+
+    out.append(render_markdown(rows))
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
         by_matrix.setdefault(row["matrix"], []).append(row)

@@ -1,0 +1,175 @@
+"""Which stack to pick, per GPU kind, from the results: the cells that passed on a GPU, ranked by measured
+throughput; then the cells nothing has ruled out (every CPU pre-flight passed, no GPU run yet); and for each
+failing cell, its nearest cell that is not failing (fewest axis changes) and what differs.
+
+Observed and predicted are never mixed up: a ranked stack says whether it was measured on a GPU or only
+passed the CPU pre-flights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from servematrix.report.markdown import tok_s, version_key
+from servematrix.store import Row
+
+# Verdicts that rule a cell out, and those that say nothing yet (a GPU is needed to decide).
+FAILING = ("fail", "predicted-fail", "unresolvable")
+UNDECIDED = ("skipped:no-gpu",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stack:
+    cell_id: str
+    matrix: str
+    axes: Mapping[str, str]
+    mode: str
+    source: str  # observed (served and benchmarked) or predicted (only the CPU pre-flights passed)
+    tok_s: float | None  # median output tok/s at the highest concurrency measured, observed only
+    concurrency: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Neighbour:
+    cell_id: str
+    verdict: str
+    nearest: str | None  # cell id
+    changes: tuple[str, ...]  # e.g. "flashinfer 0.6.12 instead of pinned", "baseline instead of piecewise"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    gpu: str
+    stacks: tuple[Stack, ...]
+    failing: tuple[Neighbour, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _status(row: Row) -> str:
+    verdict = str(row.get("verdict") or "")
+    if verdict == "pass":
+        return "pass"
+    if verdict in UNDECIDED:
+        return "open"
+    if verdict.split(":")[0] in FAILING:
+        return "fail"
+    return "other"  # not applicable, errors, interrupted: neither a recommendation nor a failure
+
+
+def _changes(row: Row, other: Row) -> list[str]:
+    out = [
+        f"{axis} {other['axes'].get(axis)} instead of {value}"
+        for axis, value in row["axes"].items()
+        if axis != "gpu" and other["axes"].get(axis) != value
+    ]
+    if row["mode"] != other["mode"]:
+        out.append(f"{other['mode']} instead of {row['mode']}")
+    return out
+
+
+def recommend(rows: Sequence[Row]) -> list[Recommendation]:
+    """One recommendation per GPU kind in the rows."""
+    out = []
+    for gpu in sorted({str(r["axes"].get("gpu", "")) for r in rows}):
+        mine = [r for r in rows if str(r["axes"].get("gpu", "")) == gpu]
+        good = [r for r in mine if _status(r) in ("pass", "open")]
+        stacks = []
+        for row in good:
+            measured = tok_s(row) if _status(row) == "pass" else {}
+            top = max(measured) if measured else None
+            stacks.append(
+                Stack(
+                    cell_id=row["cell_id"],
+                    matrix=row["matrix"],
+                    axes=dict(row["axes"]),
+                    mode=row["mode"],
+                    source="observed: served and benchmarked"
+                    if _status(row) == "pass"
+                    else "predicted: passed the CPU pre-flights",
+                    tok_s=measured[top] if top is not None else None,
+                    concurrency=top,
+                )
+            )
+        # Observed first, fastest first; then the undecided ones, newest versions first.
+        observed = sorted((s for s in stacks if s.tok_s is not None), key=lambda s: -(s.tok_s or 0.0))
+        undecided = sorted(
+            (s for s in stacks if s.tok_s is None),
+            key=lambda s: tuple(version_key(str(v)) for v in s.axes.values()),
+            reverse=True,
+        )
+        stacks = observed + undecided
+        failing = []
+        for row in (r for r in mine if _status(r) == "fail"):
+            best = min(good, key=lambda g: (len(_changes(row, g)), g["mode"] != row["mode"]), default=None)
+            failing.append(
+                Neighbour(
+                    cell_id=row["cell_id"],
+                    verdict=str(row["verdict"]),
+                    nearest=best["cell_id"] if best else None,
+                    changes=tuple(_changes(row, best)) if best else (),
+                )
+            )
+        out.append(Recommendation(gpu=gpu, stacks=tuple(stacks), failing=tuple(failing)))
+    return out
+
+
+def _stack_line(stack: Stack) -> str:
+    axes = " ".join(f"{k} {v}" for k, v in stack.axes.items() if k != "gpu")
+    figure = f", {stack.tok_s:,.0f} tok/s @{stack.concurrency}" if stack.tok_s is not None else ""
+    return f"{axes}, {stack.mode}: {stack.source}{figure}"
+
+
+def render_text(recommendations: Sequence[Recommendation], rows: Sequence[Row]) -> str:
+    by_id = {r["cell_id"]: r for r in rows}
+    lines = []
+    for rec in recommendations:
+        lines.append(f"{rec.gpu}:")
+        if not rec.stacks:
+            lines.append("  nothing is expected to work yet")
+        for rank, stack in enumerate(rec.stacks[:5], 1):
+            lines.append(f"  {rank}. {_stack_line(stack)}")
+        for neighbour in rec.failing:
+            row = by_id[neighbour.cell_id]
+            axes = " ".join(f"{k} {v}" for k, v in row["axes"].items() if k != "gpu")
+            fix = "; ".join(neighbour.changes) if neighbour.nearest else "no cell of this GPU kind works"
+            lines.append(f"  - {axes}, {row['mode']}: {neighbour.verdict} -> {fix}")
+    return "\n".join(lines)
+
+
+def render_markdown(rows: Sequence[Row]) -> str:
+    """The docs' lead: per matrix and GPU kind, the top stacks and how to fix each failing cell."""
+    from servematrix.report.escape import code, text
+
+    lines = ["## Recommendation\n"]
+    for matrix in sorted({r["matrix"] for r in rows}):
+        group = [r for r in rows if r["matrix"] == matrix]
+        by_id = {r["cell_id"]: r for r in group}
+        for rec in recommend(group):
+            lines.append(f"**{text(matrix)}, {text(rec.gpu)}**\n")
+            if not rec.stacks:
+                lines.append("- nothing is expected to work yet\n")
+            for rank, stack in enumerate(rec.stacks[:3], 1):
+                lines.append(f"{rank}. {text(_stack_line(stack))} ({code(stack.cell_id)})")
+            fixes = [n for n in rec.failing if n.nearest]
+            if fixes:
+                lines.append(
+                    f'\n<details markdown="1"><summary>{len(rec.failing)} failing cell(s): the nearest cell that is not failing</summary>\n'
+                )
+                for neighbour in fixes:
+                    row = by_id[neighbour.cell_id]
+                    axes = " ".join(f"{k} {v}" for k, v in row["axes"].items() if k != "gpu")
+                    lines.append(
+                        f"- {text(axes)}, {text(row['mode'])}: {text(neighbour.verdict)} → "
+                        f"{text('; '.join(neighbour.changes))}"
+                    )
+                lines.append("\n</details>\n")
+            lines.append("")
+    lines.append(
+        "Observed means served and benchmarked on a GPU; the CPU pre-flights (resolve, flags, FP4 trace, import) "
+        "can rule a stack out but never prove it: only a GPU run does.\n"
+    )
+    return "\n".join(lines)
