@@ -63,7 +63,7 @@ def _status(row: Row) -> str:
 def _changes(row: Row, other: Row) -> list[str]:
     out = [
         f"{axis} {other['axes'].get(axis)} instead of {value}"
-        for axis, value in row["axes"].items()
+        for axis, value in sorted(row["axes"].items())
         if axis != "gpu" and other["axes"].get(axis) != value
     ]
     if row["mode"] != other["mode"]:
@@ -75,7 +75,11 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
     """One recommendation per GPU kind in the rows."""
     out = []
     for gpu in sorted({str(r["axes"].get("gpu", "")) for r in rows}):
-        mine = [r for r in rows if str(r["axes"].get("gpu", "")) == gpu]
+        # Whatever order the rows come in (a store, the published record), the same recommendation.
+        mine = sorted(
+            (r for r in rows if str(r["axes"].get("gpu", "")) == gpu),
+            key=lambda r: (sorted(r["axes"].items()), r["mode"], r["cell_id"]),
+        )
         good = [r for r in mine if _status(r) in ("pass", "open")]
         stacks = []
         for row in good:
@@ -95,7 +99,7 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
                 )
             )
         # Observed first, fastest first; then the undecided ones, newest versions first.
-        observed = sorted((s for s in stacks if s.tok_s is not None), key=lambda s: -(s.tok_s or 0.0))
+        observed = sorted((s for s in stacks if s.tok_s is not None), key=lambda s: (-(s.tok_s or 0.0), s.cell_id))
         undecided = sorted(
             (s for s in stacks if s.tok_s is None),
             key=lambda s: tuple(version_key(str(v)) for v in s.axes.values()),
@@ -118,7 +122,7 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
 
 
 def _stack_line(stack: Stack) -> str:
-    axes = " ".join(f"{k} {v}" for k, v in stack.axes.items() if k != "gpu")
+    axes = " ".join(f"{k} {v}" for k, v in sorted(stack.axes.items()) if k != "gpu")
     figure = f", {stack.tok_s:,.0f} tok/s @{stack.concurrency}" if stack.tok_s is not None else ""
     return f"{axes}, {stack.mode}: {stack.source}{figure}"
 
@@ -134,7 +138,7 @@ def render_text(recommendations: Sequence[Recommendation], rows: Sequence[Row]) 
             lines.append(f"  {rank}. {_stack_line(stack)}")
         for neighbour in rec.failing:
             row = by_id[neighbour.cell_id]
-            axes = " ".join(f"{k} {v}" for k, v in row["axes"].items() if k != "gpu")
+            axes = " ".join(f"{k} {v}" for k, v in sorted(row["axes"].items()) if k != "gpu")
             fix = "; ".join(neighbour.changes) if neighbour.nearest else "no cell of this GPU kind works"
             lines.append(f"  - {axes}, {row['mode']}: {neighbour.verdict} -> {fix}")
     return "\n".join(lines)
@@ -161,7 +165,7 @@ def render_markdown(rows: Sequence[Row]) -> str:
                 )
                 for neighbour in fixes:
                     row = by_id[neighbour.cell_id]
-                    axes = " ".join(f"{k} {v}" for k, v in row["axes"].items() if k != "gpu")
+                    axes = " ".join(f"{k} {v}" for k, v in sorted(row["axes"].items()) if k != "gpu")
                     lines.append(
                         f"- {text(axes)}, {text(row['mode'])}: {text(neighbour.verdict)} → "
                         f"{text('; '.join(neighbour.changes))}"
