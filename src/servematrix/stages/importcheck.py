@@ -62,7 +62,9 @@ def find_python(version: str) -> str | None:
 
 
 def lock_key(lockfile: Path, engine: Engine) -> str:
-    body = lockfile.read_bytes()
+    """What decides the result: the locked set (not the header, which names the environment, so the same
+    pins on another GPU kind share the result) and the engine's import-check data."""
+    body = b"".join(line for line in lockfile.read_bytes().splitlines(keepends=True) if not line.startswith(b"#"))
     wanted = json.dumps({"engine": engine.name, "check": engine.import_check.model_dump()}, sort_keys=True).encode()
     return hashlib.sha256(body + wanted).hexdigest()[:16]
 
