@@ -152,8 +152,17 @@ class ExistingBackend:
     def launch(
         self, built: Built, argv: tuple[str, ...], env: Mapping[str, str], port: int, *, model_dir: Path | None
     ) -> LaunchSpec:
-        program = (self.interpreter, *argv[1:]) if argv and argv[0] in ("python", "python3") else argv
-        return LaunchSpec(argv=tuple(program), env={**os.environ, **env}, owns_listener=True)
+        # `python` is the given interpreter; a console script (`transformers serve`) is the one installed
+        # beside it, as in a venv's bin/.
+        bin_dir = Path(self.interpreter).parent
+        if argv and argv[0] in ("python", "python3"):
+            program = (self.interpreter, *argv[1:])
+        elif argv and (bin_dir / argv[0]).is_file():
+            program = (str(bin_dir / argv[0]), *argv[1:])
+        else:
+            program = tuple(argv)
+        path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+        return LaunchSpec(argv=program, env={**os.environ, **env, "PATH": path}, owns_listener=True)
 
     def python(self, built: Built, *, visible: tuple[Path, ...] = ()) -> tuple[str, ...]:
         return (self.interpreter,)
