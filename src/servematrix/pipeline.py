@@ -24,7 +24,6 @@ from typing import Any
 import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from servematrix import hostinfo, ports, tomlsource, verdict
@@ -803,22 +802,21 @@ class _Runner:
     def _print_summary(self) -> None:
         if not self.summary.verdicts:
             return
-        # Readable at 80 columns: the axes share one folding column, ids and verdicts are never cut.
-        widest = max(map(len, self.summary.verdicts.values()))
-        table = Table(title=Text(f"run {self.options.run_id}"))
-        table.add_column("cell", no_wrap=True, min_width=12)
-        table.add_column("environment", overflow="fold", ratio=1)
-        table.add_column("mode", overflow="fold")
-        table.add_column("verdict", no_wrap=True, min_width=widest)
+        # Readable at 80 columns and in a log: the cell, its mode and its verdict on one line, never cut; its
+        # environment on the next, folded.
         by_id = {c.id: c for c in self.plan.cells}
+        self.console.print(Text(f"run {self.options.run_id}", style="bold"))
+        mode_width = max(len(by_id[cell_id].mode) for cell_id in self.summary.verdicts)
         for cell_id, result in self.summary.verdicts.items():
             cell = by_id[cell_id]
             colour = (
                 "green" if result == "pass" else "red" if result.startswith(("fail", "unres", "error")) else "yellow"
             )
             axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
-            table.add_row(Text(cell_id), Text(axes), Text(cell.mode), Text(result, style=colour))
-        self.console.print(table)
+            line = Text(f"{cell_id}  {cell.mode:<{mode_width}}  ")
+            line.append(result, style=colour)
+            self.console.print(line, overflow="fold")
+            self.console.print(Text(f"    {axes}", style="dim"), overflow="fold")
 
 
 def pooled_metrics(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
