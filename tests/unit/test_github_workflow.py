@@ -94,8 +94,12 @@ def run_job_argv(tmp_path: Path, entry: dict, **env: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("schema", "path"),
-    [("vendor.github-workflows", WORKFLOW), ("vendor.github-actions", SETUP_ACTION)],
-    ids=["workflow", "setup-action"],
+    [
+        ("vendor.github-workflows", WORKFLOW),
+        ("vendor.github-actions", SETUP_ACTION),
+        ("vendor.github-workflows", WORKFLOW.with_name("preflight.yml")),
+    ],
+    ids=["workflow", "setup-action", "preflight-workflow"],
 )
 def test_valid_against_the_vendored_github_schema(schema, path):
     done = check_jsonschema(schema, path)
