@@ -121,7 +121,7 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
             f"{len(lacking)} cell(s) need GPUs this host lacks: {kinds}. Here they run "
             f"{','.join(here) or 'no stage'} and end skipped:no-gpu, or with the CPU probe's verdict."
         )
-        if len(lacking) == len(plan.cells):
+        if len(lacking) == sum(c.applicable for c in plan.cells):
             lines.append(f"To run every stage on this machine's CPU instead: nox -s matrix -- {CPU_SMOKE}")
     engine = plan.spec.engine
     imports = {c.env_id for c in lacking} if "import" in options.stages and "import" in engine.preflight else set()

@@ -17,8 +17,13 @@ import time
 GRPC_OFFSET = 10000
 
 
+SLOW = {"path": "", "seconds": 0.0}  # sglang's /health_generate answers after 1 s steps; /health at once
+
+
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
+        if self.path == SLOW["path"]:
+            time.sleep(SLOW["seconds"])
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"ok")
@@ -31,7 +36,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds of 'start-up' before listening")
+    parser.add_argument("--slow-path", default="", help="a path that answers only after --slow-s seconds")
+    parser.add_argument("--slow-s", type=float, default=0.0)
     args = parser.parse_args()
+    SLOW.update(path=args.slow_path, seconds=args.slow_s)
     time.sleep(args.delay)
     grpc_port = args.port + GRPC_OFFSET
     if not 1 <= grpc_port <= 65535:
@@ -40,7 +48,7 @@ def main() -> int:
     grpc = socket.socket()
     grpc.bind(("127.0.0.1", grpc_port))  # raises "Address already in use" if the harness did not check it
     grpc.listen()
-    server = http.server.HTTPServer(("127.0.0.1", args.port), Health)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
     print("The server is fired up and ready to roll!", flush=True)
     server.serve_forever()
     return 0

@@ -53,6 +53,15 @@ def test_the_preamble_counts_only_probe_venvs_not_built_yet(monkeypatch, tmp_pat
     assert "trace probe" not in again
 
 
+def test_the_cpu_smoke_pointer_counts_only_applicable_cells(monkeypatch, tmp_path):
+    # The product matrix has not-applicable cells (no piecewise from 0.5.22): every cell that could run
+    # needs a GPU, so the pointer to the CPU matrix is given.
+    _host(monkeypatch)
+    plan = make_plan(MATRIX / "glm5-nvfp4.toml", [], None)
+    assert not all(c.applicable for c in plan.cells)
+    assert "nox -s matrix -- matrix/cpu-smoke.toml" in "\n".join(preamble(plan, RunOptions(workdir=tmp_path)))
+
+
 def test_with_the_gpus_present_nothing_is_said_about_skipping(monkeypatch, tmp_path, write_matrix):
     _host(monkeypatch, *["sm_100"] * 8)
     plan = make_plan(write_matrix(SMALL_SGLANG), [], None)

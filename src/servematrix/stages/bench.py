@@ -1010,4 +1010,10 @@ async def smoke_check(base_url: str, model: str, *, api: str = "chat", timeout_s
 
 
 def smoke_check_sync(base_url: str, model: str, *, api: str = "chat", timeout_s: float = 120.0) -> SmokeResult:
-    return asyncio.run(smoke_check(base_url, model, api=api, timeout_s=timeout_s))
+    # A plain loop, not asyncio.run: asyncio.run turns SIGINT into a cancellation, which the request code
+    # records as a failed request, and the harness's KeyboardInterrupt (exit 130) would be lost.
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(smoke_check(base_url, model, api=api, timeout_s=timeout_s))
+    finally:
+        loop.close()

@@ -154,7 +154,8 @@ class Server:
             # polling at the engine's interval as the fallback.
             if now >= next_poll or (self._ready_line_at is not None and not confirmed_line):
                 confirmed_line = self._ready_line_at is not None
-                if self._responds() and self._we_listen():
+                path = (self.readiness.confirm_path or self.readiness.path) if confirmed_line else self.readiness.path
+                if self._responds(path) and self._we_listen():
                     after = time.monotonic() - self._ready_line_at if self._ready_line_at is not None else None
                     return Ready(ok=True, seconds=time.monotonic() - started, after_ready_line_s=after)
                 next_poll = now + self.readiness.interval_s
@@ -228,10 +229,10 @@ class Server:
         if self._pump is not None:
             self._pump.join(timeout=DRAIN_S)
 
-    def _responds(self) -> bool:
+    def _responds(self, path: str) -> bool:
         # A fresh connection per probe: some servers drop a kept-alive connection while starting.
         try:
-            response = httpx.get(self.base_url + self.readiness.path, timeout=min(30.0, self.readiness.interval_s + 5))
+            response = httpx.get(self.base_url + path, timeout=min(30.0, self.readiness.interval_s + 5))
         except httpx.HTTPError:
             return False
         return response.status_code == 200
