@@ -633,8 +633,8 @@ class _Runner:
         result = chosen.result
         evidence = [*result.evidence, *state.built.notes]
         if len(starts) > 1 or self._starts > 1:
-            where = f"start {failed_start + 1} of " if failed_start is not None else ""
-            evidence.append(f"{where}{len(starts)} interleaved server start(s) of this cell")
+            where = f", failed at start {failed_start + 1}" if failed_start is not None else ""
+            evidence.append(f"server starts: {len(starts)}, interleaved with the other modes{where}")
         if prediction is not None:
             # The GPU run checks the CPU prediction; the report tells predictions from observations.
             confirmed = result.kind == "fail" and result.detail == prediction.detail

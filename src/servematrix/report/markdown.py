@@ -208,7 +208,9 @@ def _regressions(extras: Extras) -> str:
 def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) -> str:
     engine = load_engine(rows[0]["engine"])
     modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
-    axes = [*engine.axes, "gpu"]
+    # The engine's axes, then the matrix's package axes (kernels, ...), then the GPU kind.
+    packages = sorted({k for r in rows for k in r["axes"]} - {*engine.axes, "gpu"})
+    axes = [*engine.axes, *packages, "gpu"]
     concurrencies = sorted({c for r in rows for c in tok_s(r)})
     envs: dict[str, dict[str, Row]] = {}
     for row in rows:
@@ -280,14 +282,27 @@ def failure_class(verdict: str) -> str | None:
     return detail if kind in ("fail", "predicted-fail") and detail and is_slug(detail) else None
 
 
+# Evidence lines that say where a result came from rather than what decided it.
+PROVENANCE_NOTES = (
+    "existing environment ",
+    "differs from the lock: ",
+    "import check",
+    "start ",
+    "2 interleaved",
+    "1 interleaved",
+)
+
+
 def _verdict(row: Row | None, pages: Mapping[str, str] | Collection[str] = (), *, flagged: bool = False) -> str:
     if row is None:
         return "—"
     verdict = str(row["verdict"])
-    evidence = row.get("evidence") or []
-    if evidence:
-        verdict += f" ({', '.join(str(e) for e in evidence)})"
     icon = "✅" if verdict == "pass" else "❌" if verdict.startswith(("fail", "unresolvable")) else "⚠️"
+    # The table shows what decided the verdict (a signature's label, a mode's proof); provenance notes (the
+    # installed set, the lock's differences, the number of starts) are in the cell details.
+    evidence = [str(e) for e in row.get("evidence") or [] if not str(e).startswith(PROVENANCE_NOTES)]
+    if evidence:
+        verdict += f" ({', '.join(e if len(e) <= 90 else e[:89] + '…' for e in evidence[:2])})"
     cls = failure_class(str(row["verdict"]))
     page = pages.get(cls) if cls and isinstance(pages, Mapping) else None
     shown = f"[{code(verdict)}]({page})" if page else code(verdict)
