@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
         "failing and what differs. From a store, or from the published results.",
     )
     recommend.add_argument(
+        "matrix", nargs="?", type=Path, help="only this matrix's cells (default: every matrix in the results)"
+    )
+    recommend.add_argument(
         "--store", type=Path, help=f"a result store (default: the published {PUBLISHED_SITE / RECORD})"
     )
     recommend.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or JSON")
@@ -461,6 +464,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         if record is None:
             raise InputError(f"no published results at {PUBLISHED_SITE / RECORD}: pass --store PATH")
         rows = published_rows(record)
+    if args.matrix is not None:
+        wanted = {str(args.matrix), args.matrix.as_posix()}
+        known = sorted({str(r["matrix"]) for r in rows})
+        rows = [r for r in rows if str(r["matrix"]) in wanted]
+        if not rows:
+            raise InputError(f"{args.matrix}: no results for this matrix (results hold: {', '.join(known)})")
     found = recommend(rows)
     if args.format == "json":
         print(json.dumps([r.to_dict() for r in found], indent=2))

@@ -70,3 +70,10 @@ def test_the_command_reads_a_store(tmp_path, capsys):
     assert main(["recommend", "--store", str(store), "--format", "json"]) == 0
     (rec,) = json.loads(capsys.readouterr().out)
     assert [s["cell_id"] for s in rec["stacks"]] == ["b", "a"]
+
+
+def test_the_command_filters_by_matrix_and_refuses_an_unknown_one(tmp_path, capsys):
+    assert main(["recommend", "matrix/glm5-nvfp4.toml"]) == 0  # the published results hold the product matrix
+    out = capsys.readouterr().out
+    assert "b200:" in out and "rtx-pro-6000:" in out and "cpu:" not in out
+    assert main(["recommend", "matrix/no-such.toml"]) == 2

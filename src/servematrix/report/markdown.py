@@ -293,16 +293,21 @@ PROVENANCE_NOTES = (
 )
 
 
+def deciding_evidence(row: Row) -> str:
+    """What decided the verdict (a signature's label, a mode's proof), for a table cell: provenance notes (the
+    installed set, the lock's differences, the number of starts) stay in the cell's details."""
+    evidence = [str(e) for e in row.get("evidence") or [] if not str(e).startswith(PROVENANCE_NOTES)]
+    return ", ".join(e if len(e) <= 90 else e[:89] + "…" for e in evidence[:2])
+
+
 def _verdict(row: Row | None, pages: Mapping[str, str] | Collection[str] = (), *, flagged: bool = False) -> str:
     if row is None:
         return "—"
     verdict = str(row["verdict"])
     icon = "✅" if verdict == "pass" else "❌" if verdict.startswith(("fail", "unresolvable")) else "⚠️"
-    # The table shows what decided the verdict (a signature's label, a mode's proof); provenance notes (the
-    # installed set, the lock's differences, the number of starts) are in the cell details.
-    evidence = [str(e) for e in row.get("evidence") or [] if not str(e).startswith(PROVENANCE_NOTES)]
+    evidence = deciding_evidence(row)
     if evidence:
-        verdict += f" ({', '.join(e if len(e) <= 90 else e[:89] + '…' for e in evidence[:2])})"
+        verdict += f" ({evidence})"
     cls = failure_class(str(row["verdict"]))
     page = pages.get(cls) if cls and isinstance(pages, Mapping) else None
     shown = f"[{code(verdict)}]({page})" if page else code(verdict)

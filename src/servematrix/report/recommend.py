@@ -177,3 +177,14 @@ def render_markdown(rows: Sequence[Row]) -> str:
         "can rule a stack out but never prove it: only a GPU run does.\n"
     )
     return "\n".join(lines)
+
+
+def nearest_fixes(rows: Sequence[Row]) -> dict[str, str]:
+    """cell id -> what its nearest non-failing cell changes, for each failing cell (the failure pages)."""
+    out = {}
+    for matrix in {r["matrix"] for r in rows}:
+        for rec in recommend([r for r in rows if r["matrix"] == matrix]):
+            for neighbour in rec.failing:
+                if neighbour.nearest:
+                    out[neighbour.cell_id] = "; ".join(neighbour.changes)
+    return out

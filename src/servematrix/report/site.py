@@ -33,6 +33,7 @@ from servematrix.report.markdown import (
     Extras,
     axes_text,
     cell_order,
+    deciding_evidence,
     failure_class,
     last_line,
     no_speedup,
@@ -43,6 +44,7 @@ from servematrix.report.markdown import (
     version_key,
 )
 from servematrix.report.plots import Plot, write_plots
+from servematrix.report.recommend import nearest_fixes
 from servematrix.report.regressions import (
     Regression,
     detect_regressions,
@@ -227,8 +229,9 @@ def write_failure_pages(
             by_class.setdefault(cls, []).append(row)
     written = []
     page = env.get_template("failure.md.j2")
+    nearest = nearest_fixes(rows)
     for entry in classes.values():
-        cells = [_failure_cell(row) for row in sorted(by_class.get(entry.id, []), key=_failure_order)]
+        cells = [_failure_cell(row, nearest) for row in sorted(by_class.get(entry.id, []), key=_failure_order)]
         text = page.render(cls=entry, cells=cells, html=HTML_NAME, table=table)
         written.append(_write_text(out_dir / _page_name(entry.id), text))
     index = env.get_template("failures-index.md.j2").render(
@@ -242,21 +245,23 @@ def write_failure_pages(
     return written
 
 
-def _failure_cell(row: Row) -> dict[str, Any]:
+def _failure_cell(row: Row, nearest: Mapping[str, str]) -> dict[str, Any]:
     return {
         "id": row["cell_id"],
         "matrix": row["matrix"],
         "axes": axes_text(row, _engine_axes(row)),
         "mode": row["mode"],
         "verdict": row["verdict"],
-        "evidence": ", ".join(str(e) for e in row.get("evidence") or []),
+        "evidence": deciding_evidence(row),
+        "nearest": nearest.get(row["cell_id"], ""),
         "line": last_line(row.get("excerpt") or ""),
         "reproduce": reproduce(row),
     }
 
 
 def _engine_axes(row: Row) -> list[str]:
-    return [*load_engine(row["engine"]).axes, "gpu"]
+    engine_axes = load_engine(row["engine"]).axes
+    return [*engine_axes, *sorted(set(row["axes"]) - {*engine_axes, "gpu"}), "gpu"]
 
 
 def _failure_order(row: Row) -> tuple[Any, ...]:
