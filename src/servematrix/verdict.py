@@ -95,3 +95,17 @@ def build_failed(excerpt: str, log_tail: str = "") -> Verdict:
     if any(p.search(text) for p in faults.build_network_patterns):
         return error(faults.build_network_fault, excerpt=excerpt)
     return failed("build", excerpt=excerpt)
+
+
+# What a host without the cell's GPUs can say: a prediction, or nothing yet. Such a verdict never replaces,
+# nor regresses, one observed by serving the cell on its GPUs.
+CPU_ONLY = ("predicted-fail", "skipped:no-gpu")
+
+
+def observed(text: str) -> bool:
+    """Whether a stored verdict was observed by serving the cell (pass or fail), not predicted on a CPU."""
+    return text == "pass" or text.startswith("fail:")
+
+
+def cpu_only(text: str) -> bool:
+    return text.startswith(CPU_ONLY)

@@ -285,3 +285,21 @@ def test_reproduce_names_the_backend_and_invents_none_for_old_rows(tmp_path: Pat
         new = next(r for r in reopened.latest() if r["cell_id"] == "new")
     assert row["backend"] is None
     assert reproduce(new) == f"servematrix run {MATRIX} --select id=new --backend venv --rerun"
+
+
+def test_a_cpu_preflight_never_overwrites_nor_regresses_a_gpu_observation():
+    from servematrix.report.publish import merge_published
+    from servematrix.report.regressions import detect_regressions
+
+    observed = {"cell_id": "c", "run_id": "gpu", "env_id": "e", "mode": "piecewise", "matrix": "m.toml",
+                "axes": {"gpu": "b200"}, "verdict": "pass", "finished_at": "2026-12-01T00:00:00+00:00"}  # fmt: skip
+    predicted = {**observed, "run_id": "cpu", "verdict": "predicted-fail:dynamo-untraceable",
+                 "finished_at": "2026-12-03T00:00:00+00:00"}  # fmt: skip
+    published = {"cells": {"c": observed}}
+    merged = merge_published(published, [predicted])
+    assert merged.kept_observed == 1 and merged.rows[0]["verdict"] == "pass"
+    assert detect_regressions([predicted], published) == []
+    # A GPU run's failure is a regression as before.
+    failed = {**observed, "run_id": "gpu2", "verdict": "fail:cuda-oom", "finished_at": "2026-12-03T00:00:00+00:00"}
+    assert merge_published(published, [failed]).rows[0]["verdict"] == "fail:cuda-oom"
+    assert [r.kind for r in detect_regressions([failed], published)] == ["verdict"]

@@ -24,6 +24,7 @@ from typing import Any
 from servematrix.errors import InputError
 from servematrix.report.regressions import load_export, published_rows
 from servematrix.store import Row, Store
+from servematrix.verdict import cpu_only, observed
 
 PUBLISHED_SITE = Path("docs")
 PREVIEW_DIR = Path(".servematrix/report")
@@ -75,6 +76,7 @@ class Publication:
     replaced: int  # cells whose published row a newer run replaced
     same: int  # cells whose published run is the store's newest (rendered again)
     kept_newer: int  # cells published from a run newer than the store's, kept
+    kept_observed: int  # cells observed on a GPU that the store has only a CPU verdict for, kept
     kept_absent: int  # cells the store lacks, kept
     pruned: int  # cells the store lacks, removed (--prune)
 
@@ -84,6 +86,7 @@ class Publication:
             f"{self.replaced} replaced by a newer run",
             f"{self.same} unchanged",
             f"{self.kept_newer} kept (the published run is newer than the store's)",
+            f"{self.kept_observed} kept (observed on a GPU; the store has only a CPU verdict)",
             f"{self.kept_absent} kept (not in the store; --prune removes them)",
         ]
         if self.pruned:
@@ -115,7 +118,7 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
     cells absent from `rows` stay unless `prune`."""
     current = {row["cell_id"]: row for row in published_rows(published)} if published else {}
     merged: dict[str, Row] = {}
-    counts = {"added": 0, "replaced": 0, "same": 0, "kept_newer": 0}
+    counts = {"added": 0, "replaced": 0, "same": 0, "kept_newer": 0, "kept_observed": 0}
     for row in rows:
         old = current.get(row["cell_id"])
         if old is None:
@@ -124,6 +127,10 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
         elif old.get("run_id") == row.get("run_id"):
             counts["same"] += 1
             merged[row["cell_id"]] = row
+        elif cpu_only(str(row.get("verdict") or "")) and observed(str(old.get("verdict") or "")):
+            # A CPU pre-flight (the nightly) does not overwrite what a GPU run observed.
+            counts["kept_observed"] += 1
+            merged[row["cell_id"]] = old
         elif _newer_or_same(row, old):
             counts["replaced"] += 1
             merged[row["cell_id"]] = row

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.store import COLUMNS, Row
+from servematrix.verdict import cpu_only, observed
 
 SCHEMA = 1
 MIN_DROP = 0.10
@@ -231,6 +232,8 @@ def detect_regressions(
             "mode": row["mode"],
             "axes": dict(row["axes"]),
         }
+        if observed(before) and cpu_only(after):
+            continue  # like with like: a CPU prediction never regresses what a GPU run observed
         if _kind(before) == "pass" and _kind(after) in FAILED_KINDS:
             found.append(
                 Regression(**common, kind="verdict", before=before, after=after, reason=f"verdict {before} -> {after}")
