@@ -233,3 +233,20 @@ def test_a_server_throttled_on_purpose_is_flagged_and_an_unchanged_rerun_is_not(
     again = build_report([throttled], docs, baseline=record)
     assert [r.reason for r in again.regressions] == [r.reason for r in slowed.regressions]
     assert json.loads(record.read_text())["cells"]["fake-cell"]["previous"]["run_id"] == "run-2-unchanged"
+
+
+def test_the_published_record_names_no_host_path():
+    from servematrix.report.regressions import scrub_host_paths
+
+    frame = 'File "/tmp/site/kernels/layer/layer.py", line 117'
+    venv = 'File "/work/x/.servematrix/cache/import/venvs/ab/lib/python3.12/site-packages/transformers/a.py"'
+    assert scrub_host_paths(frame) == 'File ".../kernels/layer/layer.py", line 117'
+    assert scrub_host_paths(venv) == 'File ".../site-packages/transformers/a.py"'
+    assert scrub_host_paths("existing environment /tmp/py-kernels: 3 differences") == (
+        "existing environment .../py-kernels: 3 differences"
+    )
+    assert scrub_host_paths("sglang 0.5.12, 1/2 starts, http://127.0.0.1:30000/v1") == (
+        "sglang 0.5.12, 1/2 starts, http://127.0.0.1:30000/v1"
+    )
+    exported = export_results([row(verdict="fail:x", excerpt=frame, evidence=["existing environment /tmp/py"])])
+    assert "/tmp/" not in json.dumps(exported)

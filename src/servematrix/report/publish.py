@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.errors import InputError
-from servematrix.report.regressions import load_export, published_rows
+from servematrix.report.regressions import load_export, published_rows, scrub_host_paths
 from servematrix.store import Row, Store
 from servematrix.verdict import cpu_only, observed
 
@@ -140,7 +140,18 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
     absent = [cell for cell in current if cell not in merged]
     if not prune:
         merged.update({cell: current[cell] for cell in absent})
-    ordered = tuple(sorted(merged.values(), key=lambda r: (str(r["env_id"]), str(r["mode"]), str(r["cell_id"]))))
+    # What is published names no host path (a traceback's frames, an interpreter), rendered pages included.
+    published_rows_ = [
+        Row(
+            values={
+                **(row.values if isinstance(row, Row) else row),
+                "excerpt": scrub_host_paths(str(row.get("excerpt") or "")) or row.get("excerpt"),
+                "evidence": [scrub_host_paths(str(e)) for e in row.get("evidence") or []],
+            }
+        )
+        for row in merged.values()
+    ]
+    ordered = tuple(sorted(published_rows_, key=lambda r: (str(r["env_id"]), str(r["mode"]), str(r["cell_id"]))))
     return Publication(
         rows=ordered,
         kept_absent=0 if prune else len(absent),

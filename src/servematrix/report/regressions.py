@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,10 +94,30 @@ def export_results(
         entry = {key: row.get(key) for key in EXPORTED if key != "prediction" or row.get(key) is not None}
         entry["argv"] = portable_argv(row.get("argv") or [], base)
         entry["metrics"] = _trim_metrics(row.get("metrics"), base)
+        entry["excerpt"] = scrub_host_paths(str(row.get("excerpt") or "")) or row.get("excerpt")
+        entry["evidence"] = [scrub_host_paths(str(e)) for e in row.get("evidence") or []]
         reference = _reference(row, previous)
         entry["previous"] = _summary(reference) if reference else None
         cells[row["cell_id"]] = entry
     return {"schema": SCHEMA, "cells": cells}
+
+
+# An absolute path of a host (a traceback frame, an interpreter): what follows site-packages, or else its last
+# three parts, is what a reader needs; the rest names the machine that ran it.
+_HOST_PATH = re.compile(r"(?<![\w.~/-])(/(?:[\w.+@-]+/)+)([\w.+@-]+)")
+
+
+def scrub_host_paths(text: str) -> str:
+    """`text` with absolute host paths shortened: `.../site-packages/kernels/layer/layer.py`, `.../py-kernels`."""
+
+    def short(match: re.Match[str]) -> str:
+        parts = [*match.group(1).strip("/").split("/"), match.group(2)]
+        for marker in ("site-packages", "dist-packages"):
+            if marker in parts:
+                return ".../" + "/".join(parts[parts.index(marker) :])
+        return ".../" + "/".join(parts[-3:] if len(parts) > 3 else parts[-1:])
+
+    return _HOST_PATH.sub(short, text)
 
 
 def write_export(export: Mapping[str, Any], path: Path) -> Path:
