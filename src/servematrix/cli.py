@@ -346,11 +346,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.backend, workdir=args.workdir, plan=plan, builds=builds_here(plan, stages), notice=_say, python=args.python
     )
     _say(f"backend: {backend.name}")
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT and SIGTERM end the run cleanly (servers stopped, cells marked interrupted, exit 130), even when
+    # the harness was started with SIGINT ignored, as a shell's background job is: Python then leaves it so.
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         summary = run_plan(plan, backend, options)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     regressions = _write_report(args.store, report_table, args.baseline) if report_table is not None else []
     print(
         f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run, {summary.skipped_unchanged} unchanged; "

@@ -59,6 +59,8 @@ def _harness(project: Path, cache: Path) -> subprocess.Popen[bytes]:
         env={**os.environ, "PYTHONPATH": str(REPO / "src")},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # Started as a shell's background job is, with SIGINT ignored: the harness must still stop on it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 
 
