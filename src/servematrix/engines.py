@@ -87,9 +87,8 @@ class Readiness(_Data):
     interval_s: float = Field(gt=0)
     timeout_s: float = Field(gt=0)
     ready_log: str = ""
-    # The request that confirms the ready line (default: `path`). sglang's /health_generate waits in 1 s
-    # steps before it answers (0.5.12 http_server.py): confirmed with it, an H200 start was ready 1.05-1.07 s
-    # after its ready line. /health answers 503 while starting and 200 once ready, at once.
+    # The request that confirms the ready line (default: `path`): a cheap one. sglang's health endpoints
+    # generate a token and wait in 1 s steps before they answer (0.5.12 http_server.py).
     confirm_path: str = ""
 
 

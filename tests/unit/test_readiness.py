@@ -31,8 +31,8 @@ def _server(tmp_path: Path, ready_log: str, interval_s: float = 60.0, confirm_pa
 
 def test_ready_within_a_second_of_the_ready_line(tmp_path):
     assert READY_LINE == "The server is fired up and ready to roll!"
-    assert load_engine("sglang").readiness.confirm_path == "/health"
-    with _server(tmp_path, READY_LINE, confirm_path="/health") as server:
+    assert load_engine("sglang").readiness.confirm_path == "/v1/models"
+    with _server(tmp_path, READY_LINE, confirm_path="/v1/models") as server:
         ready = server.wait_ready()
     assert ready.ok
     assert ready.after_ready_line_s is not None and ready.after_ready_line_s < 1.0
@@ -40,7 +40,7 @@ def test_ready_within_a_second_of_the_ready_line(tmp_path):
 
 
 def test_confirming_with_the_slow_path_costs_its_delay(tmp_path):
-    # Why sglang confirms with /health: its /health_generate waits in 1 s steps (measured 1.05-1.07 s on an H200).
+    # Why sglang confirms with /v1/models: its health endpoints wait in 1 s steps (1.05-1.07 s on an H200).
     with _server(tmp_path, READY_LINE) as server:
         ready = server.wait_ready()
     assert ready.ok and ready.after_ready_line_s is not None and ready.after_ready_line_s >= 1.5
