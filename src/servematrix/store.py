@@ -20,6 +20,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ REQUIRED_COLUMNS = ("run_id", "cell_id", "env_id", "engine", "mode", "matrix", "
 _COLUMN_TYPES = dict(re.findall(r"^\s+(\w+)\s+(TEXT|INTEGER)", SCHEMA, re.MULTILINE))
 # started_at has one-second resolution and a process starts just before its row: allow for both.
 _OWNER_START_SLACK_S = 2.0
+_LOCK_WAIT_S = 30.0  # how long a harness waits for another that holds the store
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +168,7 @@ class Store:
         except OSError as exc:
             raise InputError(f"{self.path}: cannot create the store's directory: {exc.strerror}") from None
         try:
-            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._db = sqlite3.connect(self.path, timeout=_LOCK_WAIT_S, isolation_level=None)
         except sqlite3.Error as exc:
             raise _store_error(self.path, exc) from None
         try:
@@ -187,10 +189,27 @@ class Store:
             )
         if not os.access(self.path, os.W_OK) or not os.access(self.path.parent, os.W_OK):
             raise InputError(f"{self.path}: the store is read-only (servematrix writes to it and beside it)")
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._use_wal()
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._add_missing_columns()
+
+    def _use_wal(self) -> None:
+        """Switch the store to WAL, waiting for other harnesses that open it at the same moment.
+
+        SQLite answers a journal-mode change that meets another connection with "database is locked" at
+        once, without calling the busy handler, so the connect timeout does not cover it: retry here.
+        """
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def _add_missing_columns(self) -> None:
         """A store written by an older servematrix gets the newer columns (NULL in its old rows)."""

@@ -342,3 +342,34 @@ def test_a_claim_is_refused_for_a_cell_already_done(tmp_path):
             **_row("r2", "c1"), harness_pid=os.getpid(), hostname=here, rerun=True, since=since
         ).unchanged
         assert store.claim(**_row("r3", "c1"), harness_pid=os.getpid(), hostname=here, rerun=True, since="9999").claimed
+
+
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from servematrix.store import Store
+path, start = map(Path, sys.argv[1:3])
+while not start.exists():
+    time.sleep(0.001)
+Store(path).close()
+"""
+
+
+def test_harnesses_that_open_a_new_store_at_the_same_moment_all_get_it(tmp_path):
+    # SQLite refuses a journal-mode change that meets another connection at once, without its busy handler:
+    # before the store retried it, about one opener in six failed here with "database is locked".
+    for trial in range(8):
+        start = tmp_path / f"go-{trial}"
+        openers = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPEN_AT_ONCE, str(tmp_path / f"s{trial}.sqlite"), str(start)],
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        time.sleep(0.5)  # every opener is waiting for the start file
+        start.touch()
+        for opener in openers:
+            _, err = opener.communicate(timeout=120)
+            assert opener.returncode == 0, err
