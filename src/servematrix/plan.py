@@ -22,7 +22,7 @@ from rich.text import Text
 
 from servematrix.cells import DEFAULT_MAX_CELLS, Cell, expand
 from servematrix.redact import redact_cells
-from servematrix.select import parse_select, parse_shard, select_keys, shard
+from servematrix.selection import parse_select, parse_shard, select_keys, shard
 from servematrix.spec import PINNED, Spec, load_spec
 
 GITHUB_MAX_JOBS = 256

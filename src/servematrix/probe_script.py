@@ -33,11 +33,6 @@ import time
 import traceback
 from typing import Optional, Tuple  # noqa: UP035  (torch's schema inference across releases)
 
-# Python puts the script's folder first on sys.path; servematrix's own modules there would shadow the
-# standard library for torch (servematrix/select.py hides the stdlib `select` that subprocess needs).
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
 MODULE_CANDIDATES = ("flashinfer.quantization.fp4_quantization", "flashinfer.fp4_quantization")
 MESSAGE_LINES = 4
 OBSERVED_EXCEPTION = "Observed exception"

@@ -23,22 +23,12 @@ The output directory also gets ``servematrix-tiny-model.json``, a marker with :f
 hash of every builder input), so callers can skip a rebuild when the marker matches.
 """
 
-# When run as a script, Python puts this file's directory first on sys.path, where sibling modules of the
-# package (e.g. a ``select.py``) would shadow the standard library. Drop it before importing anything else.
-import os
-import sys
-
-if (
-    __name__ == "__main__"
-    and sys.path
-    and os.path.abspath(sys.path[0] or os.curdir) == os.path.dirname(os.path.abspath(__file__))
-):
-    del sys.path[0]
-
 import argparse
 import hashlib
 import json
+import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
