@@ -32,10 +32,10 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
 from packaging.markers import Marker
-from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from servematrix.errors import InputError
+from servematrix.lockfile import LockedPackage, TargetError, marker_environment, parse_lock, platform_parts, target_tags
 
 __all__ = [
     "DEFAULT_BASE",
@@ -50,10 +50,8 @@ __all__ = [
     "locked_environments",
     "main",
     "nix_system",
-    "parse_lock_body",
     "render",
     "select_wheels",
-    "target_tags",
 ]
 
 FORMAT = 1
@@ -61,11 +59,8 @@ DEFAULT_OUT = Path("nix/envs.json")
 DEFAULT_BASE = "default"
 _BASE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 
-# uv's --python-platform spelling -> (Nix system, wheel architecture).
+# uv's --python-platform architecture -> Nix system.
 _ARCHES = {"x86_64": "x86_64-linux", "aarch64": "aarch64-linux"}
-_PLATFORM_RE = re.compile(r"^(?P<arch>x86_64|aarch64)-manylinux_(?P<major>\d+)_(?P<minor>\d+)$")
-# PEP 600 names for the older manylinux tags a wheel may still carry alone.
-_LEGACY_MANYLINUX = {(2, 17): "manylinux2014", (2, 12): "manylinux2010", (2, 5): "manylinux1"}
 
 
 class ExportError(RuntimeError):
@@ -75,87 +70,12 @@ class ExportError(RuntimeError):
 # ------------------------------------------------------------------------------------------- the target
 
 
-def _platform_parts(platform: str) -> tuple[str, int, int]:
-    m = _PLATFORM_RE.match(platform)
-    if not m:
-        raise ExportError(
-            f"platform {platform!r}: the Nix path builds Linux images from manylinux wheels "
-            "(expected ARCH-manylinux_MAJOR_MINOR, e.g. x86_64-manylinux_2_34)"
-        )
-    return m["arch"], int(m["major"]), int(m["minor"])
-
-
 def nix_system(platform: str) -> str:
     """`x86_64-manylinux_2_34` -> `x86_64-linux`."""
-    return _ARCHES[_platform_parts(platform)[0]]
-
-
-def target_tags(python_version: str, platform: str) -> list[Tag]:
-    """The tags a CPython `python_version` on `platform` installs, best first (an installer's order)."""
-    arch, major, minor = _platform_parts(platform)
-    platforms: list[str] = []
-    for glibc_minor in range(minor, 4, -1):
-        platforms.append(f"manylinux_{major}_{glibc_minor}_{arch}")
-        legacy = _LEGACY_MANYLINUX.get((major, glibc_minor))
-        if legacy and (arch == "x86_64" or legacy == "manylinux2014"):
-            platforms.append(f"{legacy}_{arch}")
     try:
-        version = tuple(int(part) for part in python_version.split(".")[:2])
-    except ValueError:
-        raise ExportError(f"python version {python_version!r} is not MAJOR.MINOR") from None
-    if len(version) != 2:
-        raise ExportError(f"python version {python_version!r} is not MAJOR.MINOR")
-    interpreter = f"cp{version[0]}{version[1]}"
-    return [*cpython_tags(version, platforms=platforms), *compatible_tags(version, interpreter, platforms)]
-
-
-def _marker_environment(python_version: str, platform: str) -> dict[str, str]:
-    arch = _platform_parts(platform)[0]
-    return {
-        "implementation_name": "cpython",
-        "implementation_version": f"{python_version}.0",
-        "os_name": "posix",
-        "platform_machine": arch,
-        "platform_python_implementation": "CPython",
-        "platform_release": "",
-        "platform_system": "Linux",
-        "platform_version": "",
-        "python_full_version": f"{python_version}.0",
-        "python_version": python_version,
-        "sys_platform": "linux",
-    }
-
-
-# --------------------------------------------------------------------------------------------- the lock
-
-
-def parse_lock_body(text: str) -> dict[str, tuple[str, frozenset[str]]]:
-    """`uv pip compile --generate-hashes` output -> {normalized name: (version, {sha256 hex})}."""
-    logical: list[str] = []
-    current = ""
-    for raw in text.splitlines():
-        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line.strip():
-            if current:
-                logical.append(current)
-                current = ""
-            continue
-        if line.endswith("\\"):
-            current += line[:-1] + " "
-            continue
-        current += line
-        logical.append(current)
-        current = ""
-    if current:
-        logical.append(current)
-    pins: dict[str, tuple[str, frozenset[str]]] = {}
-    for entry in logical:
-        m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)", entry)
-        if not m:
-            continue
-        hashes = frozenset(h.lower() for h in re.findall(r"--hash=sha256:([0-9a-fA-F]{64})", entry))
-        pins[canonicalize_name(m.group(1))] = (m.group(2), hashes)
-    return dict(sorted(pins.items()))
+        return _ARCHES[platform_parts(platform)[0]]
+    except TargetError as exc:
+        raise ExportError(f"{exc} (the Nix path builds Linux images from manylinux wheels)") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,9 +111,10 @@ def locked_environments(
     A lock counts only when its header's inputs hash is the one the matrix asks for now: a stale lock would
     give an image of versions the matrix no longer describes.
     """
+    from servematrix.lockfile import read_lock_header
     from servematrix.locking import default_lock_dir, resolve_request
     from servematrix.plan import make_plan
-    from servematrix.stages.resolve import inputs_hash, read_lock_header
+    from servematrix.stages.resolve import inputs_hash
 
     found: dict[str, LockedEnvironment] = {}
     skipped: dict[str, str] = {}
@@ -252,11 +173,14 @@ class Wheel:
 
 
 def select_wheels(
-    pylock: Mapping, pins: Mapping[str, tuple[str, frozenset[str]]], *, python_version: str, platform: str
+    pylock: Mapping, pins: Mapping[str, LockedPackage], *, python_version: str, platform: str
 ) -> list[Wheel]:
     """The one wheel per locked package the target installs; each must carry a hash the lock lists."""
-    ranking = {tag: i for i, tag in enumerate(target_tags(python_version, platform))}
-    environment = _marker_environment(python_version, platform)
+    try:
+        ranking = {tag: i for i, tag in enumerate(target_tags(python_version, platform))}
+    except TargetError as exc:
+        raise ExportError(f"{exc} (the Nix path builds Linux images from manylinux wheels)") from None
+    environment = marker_environment(python_version, platform)
     chosen: dict[str, Wheel] = {}
     seen: set[str] = set()
     problems: list[str] = []
@@ -270,7 +194,7 @@ def select_wheels(
         if pin is None:
             problems.append(f"{name}: in uv's answer but not in the lock")
             continue
-        version, hashes = pin
+        version, hashes = pin.version, pin.hashes
         if str(package.get("version")) != version:
             problems.append(f"{name}: uv answered {package.get('version')}, the lock pins {version}")
             continue
@@ -301,7 +225,9 @@ def select_wheels(
             )
             continue
         chosen[name] = best[1]
-    problems += [f"{name}=={pins[name][0]}: locked, but uv listed no files for it" for name in sorted(set(pins) - seen)]
+    problems += [
+        f"{name}=={pins[name].version}: locked, but uv listed no files for it" for name in sorted(set(pins) - seen)
+    ]
     if problems:
         raise ExportError("\n".join(problems))
     return [chosen[name] for name in sorted(chosen)]
@@ -425,7 +351,7 @@ def export(
     envs, skipped = locked_environments(matrices, root=root, lock_dir=lock_dir)
     chosen: dict[str, list[Wheel]] = {}
     for env in envs:
-        pins = parse_lock_body(env.lockfile.read_text(encoding="utf-8"))
+        pins = parse_lock(env.lockfile.read_text(encoding="utf-8"))
         try:
             chosen[env.env_id] = select_wheels(
                 query(env, uv=uv, timeout_s=timeout_s),
@@ -474,7 +400,7 @@ def check(document: Mapping, matrices: Sequence[Path], *, root: Path, lock_dir: 
         for key, value in expected.items():
             if key != "wheels" and entry.get(key) != value:
                 problems.append(f"{env.env_id}: {key} is {entry.get(key)!r}, the lock says {value!r}")
-        pins = parse_lock_body(env.lockfile.read_text(encoding="utf-8"))
+        pins = parse_lock(env.lockfile.read_text(encoding="utf-8"))
         seen: dict[str, str] = {}
         for sha in entry.get("wheels", []):
             wheel = wheels.get(sha)
@@ -486,10 +412,10 @@ def check(document: Mapping, matrices: Sequence[Path], *, root: Path, lock_dir: 
             pin = pins.get(name)
             if pin is None:
                 problems.append(f"{env.env_id}: {name} is exported but not locked")
-            elif pin[0] != version or sha not in pin[1]:
-                problems.append(f"{env.env_id}: {wheel['filename']} does not match the lock's {name}=={pin[0]}")
+            elif pin.version != version or sha not in pin.hashes:
+                problems.append(f"{env.env_id}: {wheel['filename']} does not match the lock's {name}=={pin.version}")
         for name in sorted(set(pins) - set(seen)):
-            problems.append(f"{env.env_id}: {name}=={pins[name][0]} is locked but has no exported wheel")
+            problems.append(f"{env.env_id}: {name}=={pins[name].version} is locked but has no exported wheel")
     for sha, wheel in sorted(wheels.items()):
         if wheel.get("base") not in document.get("wheel_bases", []):
             problems.append(f"wheel {wheel.get('filename')}: base {wheel.get('base')!r} is not in wheel_bases")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from servematrix import tomlsource
 from servematrix.engines import Engine, load_engine
 from servematrix.errors import InputError
+from servematrix.lockfile import DEFAULT_PLATFORM
 from servematrix.tomlsource import KeyPath, TomlSource
 
 PINNED = "pinned"
@@ -60,7 +61,7 @@ class GpuKind(_Strict):
     count: int = Field(ge=0)
     sku: str = ""
     runner_labels: list[str] = []
-    platform: str = "x86_64-manylinux_2_34"
+    platform: str = DEFAULT_PLATFORM
     timeout_minutes: int = Field(default=120, gt=0)
     args: list[str] = []
     env: dict[str, str] = {}

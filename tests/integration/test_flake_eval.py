@@ -24,7 +24,8 @@ import pytest
 from servematrix.backends import BuildInput
 from servematrix.backends.container import ContainerBackend
 from servematrix.backends.nix import IMAGE_REPOSITORY, NixBackend
-from servematrix.nixexport import locked_environments, parse_lock_body, render
+from servematrix.lockfile import parse_lock
+from servematrix.nixexport import locked_environments, render
 from tests.conftest import MATRIX, REPO
 
 pytestmark = [
@@ -151,12 +152,12 @@ def test_each_image_installs_exactly_the_locked_wheels(flake_copy):
     }
     document = json.loads((REPO / "nix" / "envs.json").read_text())
     entry = document["environments"][env_id]
-    lock = parse_lock_body((REPO / entry["lock"]).read_text())
+    lock = parse_lock((REPO / entry["lock"]).read_text())
     assert set(fetches) == set(entry["wheels"])
     for sha, url in fetches.items():
         wheel = document["wheels"][sha]
         assert url == f"https://wheels.invalid/{wheel['path']}"
-        assert sha in lock[wheel["name"]][1]
+        assert sha in lock[wheel["name"]].hashes
     assert {document["wheels"][sha]["name"] for sha in fetches} == set(lock)
 
 
@@ -217,8 +218,10 @@ def test_the_input_less_manifests_build_for_real(flake_copy):
     for out in outputs:
         manifest = json.loads(Path(out).read_text())
         entry = document["environments"][manifest["env_id"]]
-        lock = parse_lock_body((REPO / entry["lock"]).read_text())
-        assert {w["name"]: w["version"] for w in manifest["wheels"]} == {k: v for k, (v, _) in lock.items()}
+        lock = parse_lock((REPO / entry["lock"]).read_text())
+        assert {w["name"]: w["version"] for w in manifest["wheels"]} == {
+            k: locked.version for k, locked in lock.items()
+        }
         assert manifest["lock_sha256"] == hashlib.sha256((REPO / entry["lock"]).read_bytes()).hexdigest()
 
 

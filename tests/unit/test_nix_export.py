@@ -17,7 +17,7 @@ from servematrix.backends import BuildInput
 from servematrix.backends.container import ContainerBackend
 from servematrix.backends.nix import IMAGE_REPOSITORY, WHEEL_BASES_ENV, NixBackend, nix_backend
 from servematrix.errors import InputError
-from servematrix.stages.resolve import parse_pins
+from servematrix.lockfile import LockedPackage, parse_lock
 from tests.conftest import MATRIX, REPO
 
 GLM5 = MATRIX / "glm5-nvfp4.toml"
@@ -43,54 +43,17 @@ def test_nix_system_maps_manylinux_platforms():
         nx.nix_system("x86_64-unknown-linux-gnu")
 
 
-def test_target_tags_rank_like_an_installer():
-    tags = [str(t) for t in nx.target_tags("3.12", "x86_64-manylinux_2_34")]
-    rank = {t: i for i, t in enumerate(tags)}
-    assert rank["cp312-cp312-manylinux_2_34_x86_64"] < rank["cp312-cp312-manylinux_2_28_x86_64"]
-    assert rank["cp312-cp312-manylinux_2_28_x86_64"] < rank["cp312-cp312-manylinux2014_x86_64"]
-    assert rank["cp312-cp312-manylinux2014_x86_64"] < rank["cp312-abi3-manylinux_2_34_x86_64"]
-    assert rank["cp311-abi3-manylinux_2_17_x86_64"] < rank["py3-none-any"]
-    # Newer glibc than the target, another Python, another architecture: not installable.
-    assert "cp312-cp312-manylinux_2_35_x86_64" not in rank
-    assert "cp313-cp313-manylinux_2_34_x86_64" not in rank
-    assert "cp312-cp312-manylinux_2_34_aarch64" not in rank
-    assert "cp312-cp312-linux_x86_64" not in rank
-
-
 # --------------------------------------------------------------------------------------------- the lock
-
-
-def test_parse_lock_body_agrees_with_the_resolve_stage_on_a_real_lock():
-    lock = next(LOCKS.glob("*.lock.txt"))
-    text = lock.read_text()
-    parsed = nx.parse_lock_body(text)
-    assert {name: version for name, (version, _) in parsed.items()} == parse_pins(text)
-    assert all(hashes and all(len(h) == 64 for h in hashes) for _, hashes in parsed.values())
-
-
-def test_parse_lock_body_reads_continuations_markers_and_comments():
-    text = textwrap.dedent(
-        f"""\
-        # header
-        Foo_Bar==1.0 ; sys_platform == 'linux' \\
-            --hash=sha256:{SHA_A.upper()} \\
-            --hash=sha256:{SHA_B}
-            # via baz
-        torch==2.9.1+cu128 \\
-            --hash=sha256:{SHA_C}
-        """
-    )
-    assert nx.parse_lock_body(text) == {
-        "foo-bar": ("1.0", frozenset({SHA_A, SHA_B})),
-        "torch": ("2.9.1+cu128", frozenset({SHA_C})),
-    }
 
 
 # ------------------------------------------------------------------------------------------- the wheels
 
 
-def pins(**entries: tuple[str, set[str]]) -> dict[str, tuple[str, frozenset[str]]]:
-    return {name.replace("_", "-"): (version, frozenset(hashes)) for name, (version, hashes) in entries.items()}
+def pins(**entries: tuple[str, set[str]]) -> dict[str, LockedPackage]:
+    return {
+        name.replace("_", "-"): LockedPackage(version=version, hashes=frozenset(hashes))
+        for name, (version, hashes) in entries.items()
+    }
 
 
 def test_select_wheels_takes_the_best_compatible_wheel_whose_hash_is_locked():
@@ -199,8 +162,8 @@ def test_assign_bases_needs_names_for_several_origins():
 def fake_query(env, *, uv, timeout_s):
     """uv's answer as it would be: every locked package with one py3 wheel whose hash the lock lists."""
     packages = []
-    for name, (version, hashes) in nx.parse_lock_body(env.lockfile.read_text()).items():
-        sha = min(hashes)
+    for name, locked in parse_lock(env.lockfile.read_text()).items():
+        sha, version = min(locked.hashes), locked.version
         packages.append(
             {
                 "name": name,

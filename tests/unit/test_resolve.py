@@ -7,18 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from servematrix.lockfile import parse_header, parse_pins, read_lock_header, render_header
 from servematrix.stages import resolve as rs
 from servematrix.stages.resolve import (
     ResolveOutcome,
     ResolveRequest,
     classify_failure,
     inputs_hash,
-    parse_header,
-    parse_pins,
+    lock_header,
     parse_release_pins,
-    read_lock_header,
     release_pins,
-    render_header,
     resolve,
     trim_reason,
 )
@@ -84,7 +82,7 @@ def test_inputs_hash_does_not_include_credentials():
     a = request(index_url="https://user:secret@127.0.0.1:9/simple")
     b = request(index_url="https://other:token@127.0.0.1:9/simple")
     assert inputs_hash(a) == inputs_hash(b)
-    assert "secret" not in render_header(a, crossed={}, resolver="uv 0.13.9")
+    assert "secret" not in render_header(lock_header(a, crossed={}, resolver="uv 0.13.9"))
 
 
 def test_request_validation():
@@ -104,7 +102,7 @@ CROSSED = {"flashinfer-python": {"release_pin": "0.6.11.post1", "used": "0.6.12"
 
 def test_header_round_trip():
     req = request(extra_index_urls=("http://127.0.0.1:9/simple",))
-    header = parse_header(render_header(req, crossed=CROSSED, resolver="uv 0.13.9"))
+    header = parse_header(render_header(lock_header(req, crossed=CROSSED, resolver="uv 0.13.9")))
     assert header is not None
     assert header.inputs_hash == inputs_hash(req)
     assert header.env_id == req.env_id
@@ -122,8 +120,8 @@ def test_header_round_trip():
 
 def test_header_is_deterministic_and_has_no_paths_or_times():
     req = request()
-    a = render_header(req, crossed=CROSSED, resolver="uv 0.13.9")
-    assert a == render_header(request(), crossed=dict(CROSSED), resolver="uv 0.13.9")
+    a = render_header(lock_header(req, crossed=CROSSED, resolver="uv 0.13.9"))
+    assert a == render_header(lock_header(request(), crossed=dict(CROSSED), resolver="uv 0.13.9"))
     assert all(line.startswith("# ") for line in a.splitlines())
     assert "/tmp" not in a and str(Path.home()) not in a
     assert not any(word in a.lower() for word in ("date", "time", "generated at"))

@@ -35,9 +35,9 @@ from typing import Any, Literal
 import psutil
 
 from servematrix.backends import BuildInput, Built, LaunchSpec
+from servematrix.lockfile import parse_pins, read_lock_header
 from servematrix.resources import resource
 from servematrix.spec import GpuKind
-from servematrix.stages.resolve import parse_pins, read_lock_header
 
 Tool = Literal["podman", "docker"]
 TOOLS: tuple[Tool, ...] = ("podman", "docker")

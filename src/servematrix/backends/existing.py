@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from servematrix.backends import BuildInput, Built, LaunchSpec
 from servematrix.errors import InputError
-from servematrix.stages.resolve import parse_pins
+from servematrix.lockfile import parse_pins
 
 # Run by the target interpreter: stdlib only. One line of JSON: {name: [version, sha256 of RECORD]}.
 _INVENTORY = r"""

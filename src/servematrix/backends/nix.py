@@ -29,8 +29,8 @@ from typing import Any
 
 from servematrix.backends import BuildInput, Built, LaunchSpec
 from servematrix.backends.container import TOOLS, ContainerBackend, EnvTarget, Tool, targets_from_plan
+from servematrix.lockfile import parse_pins
 from servematrix.resources import is_packaged, resource
-from servematrix.stages.resolve import parse_pins
 
 IMAGE_REPOSITORY = "localhost/servematrix-nix"  # nix/lib.nix: imageRepository
 ENVS_JSON = Path("nix/envs.json")
