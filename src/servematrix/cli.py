@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from servematrix.backends.select import CHOICES as BACKENDS
+from servematrix.backends.registry import CHOICES as BACKENDS
 from servematrix.cells import DEFAULT_MAX_CELLS
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.pipeline import STAGES
@@ -316,7 +316,7 @@ def _say(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from servematrix.backends.select import select_backend
+    from servematrix.backends.registry import select_backend
     from servematrix.pipeline import RunOptions, builds_here, preamble, run_plan
     from servematrix.plan import make_plan
 

@@ -165,9 +165,7 @@ def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console
     store = Store(options.store)
     try:
         summary.reaped = reap_orphans(store)
-        reap_containers = getattr(backend, "reap_orphans", None)
-        if reap_containers is not None:
-            reap_containers()
+        backend.reap_orphans()
         if summary.reaped:
             console.print(f"[yellow]killed {len(summary.reaped)} orphaned server process(es) of an earlier run[/]")
         runner = _Runner(plan=plan, backend=backend, options=options, store=store, console=console, summary=summary)
@@ -728,9 +726,7 @@ class _Runner:
         finally:
             # Killing a `podman run` client only forwards SIGTERM: a hung server would keep its container
             # (and GPUs). Backends that own such resources remove them here.
-            stop = getattr(self.backend, "stop", None)
-            if stop is not None:
-                stop(launch)
+            self.backend.stop(launch)
         # The harness picked the port: if another process took it first, that is the harness's fault.
         return _Served(
             result=verdict.served(result, harness_picked_port=True), metrics=metrics, stage_seconds=stage_seconds

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from servematrix.backends import BuildInput, Built, LaunchSpec
+from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
 
 FAKE_SERVER = Path(__file__).resolve().parent / "fake_crashing_server.py"
 
@@ -39,7 +39,7 @@ prompts_per_concurrency = 2
 """
 
 
-class FakeBackend:
+class FakeBackend(HostProcesses):
     name = "fake"
     bind_host = "127.0.0.1"
 

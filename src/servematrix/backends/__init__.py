@@ -1,8 +1,9 @@
 """Backends: where an environment is built and where its server runs.
 
 Each backend turns an environment (and its lock, when the resolve stage made one) into something that
-can launch the engine's argv: a venv (uv), or an image (podman/docker). The serve stage does not care
-which: it gets an argv, an environment and a working directory.
+can launch the engine's argv: a venv (uv), an image (podman/docker, or built by Nix), or an installed
+interpreter. The serve stage does not care which: it gets an argv, an environment and a working directory.
+`Backend` is the whole interface; `registry` maps `--backend` names to backends.
 """
 
 from __future__ import annotations
@@ -63,3 +64,23 @@ class Backend(Protocol):
         """How to run a Python script inside the environment (e.g. the tiny-model builder); `visible` host
         directories must be readable and writable at the same paths."""
         ...
+
+    def stop(self, launch: LaunchSpec, *, grace_s: float | None = None) -> bool:
+        """Make sure what `launch` started is gone, after the serve stage killed its process tree (a container
+        outlives its client). True if gone."""
+        ...
+
+    def reap_orphans(self) -> list[str]:
+        """Remove what a harness that no longer exists left running (containers); names of what went."""
+        ...
+
+
+class HostProcesses:
+    """`stop` and `reap_orphans` of a backend whose server is a process tree on this host: the serve stage's
+    teardown and the store's orphan reaper already cover it, so there is nothing more to do."""
+
+    def stop(self, launch: LaunchSpec, *, grace_s: float | None = None) -> bool:
+        return True
+
+    def reap_orphans(self) -> list[str]:
+        return []

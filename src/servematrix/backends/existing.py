@@ -23,7 +23,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from servematrix.backends import BuildInput, Built, LaunchSpec
+from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
 from servematrix.errors import InputError
 from servematrix.lockfile import parse_pins
 
@@ -80,7 +80,7 @@ def lock_differences(lock: Mapping[str, str], installed: Mapping[str, str]) -> l
     return out
 
 
-class ExistingBackend:
+class ExistingBackend(HostProcesses):
     name = "existing"
     bind_host = "127.0.0.1"
 

@@ -257,13 +257,6 @@ class NixBackend:
     def reap_orphans(self) -> list[str]:
         return self.runner.reap_orphans()
 
-    def __getattr__(self, name: str) -> Any:
-        # Any other public hook of the container backend (the pipeline may grow more) applies unchanged:
-        # once loaded, a Nix-built image is an ordinary image of that engine.
-        if name.startswith("_") or name == "runner":
-            raise AttributeError(name)
-        return getattr(self.runner, name)
-
 
 def nix_backend(
     workdir: Path,
@@ -278,7 +271,7 @@ def nix_backend(
     tool: "podman", "docker" or "auto" (the first whose `info` works). Raises InputError when nix or a
     container engine is missing.
     """
-    from servematrix.backends.select import probe_tool
+    from servematrix.backends.registry import probe_tool
     from servematrix.errors import InputError
 
     check = probe or probe_tool

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from servematrix.backends import BuildInput, Built, LaunchSpec
+from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
 
 MARKER = "servematrix-env.json"
 
@@ -26,7 +26,7 @@ def uv_env() -> dict[str, str]:
     return {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
 
 
-class VenvBackend:
+class VenvBackend(HostProcesses):
     name = "venv"
     bind_host = "127.0.0.1"
 
