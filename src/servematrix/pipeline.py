@@ -29,7 +29,7 @@ from rich.text import Text
 from servematrix import hostinfo, ports, tomlsource, verdict
 from servematrix.backends import Backend, Built, LaunchSpec
 from servematrix.cells import Cell, Environment, content_hash, server_command
-from servematrix.engines import Engine
+from servematrix.engines import Engine, Hooks, PreflightInput, PreflightUnavailable
 from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, check_model_path, ensure_model
@@ -42,7 +42,7 @@ from servematrix.redact import (
     redact_argv,
     spec_secret_flags,
 )
-from servematrix.stages import bench, build, importcheck, probe, serve
+from servematrix.stages import bench, build, importcheck, serve
 from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store import Store, harness_alive
 from servematrix.store import now as store_now
@@ -128,33 +128,12 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
     if imports:
         lines.append(
             f"The import check installs each of {len(imports)} environment lock(s) in turn on this CPU and imports "
-            f"{', '.join(engine.import_check.modules)} (about 9 GB and 1.5-2 min each for sglang 0.5.12, measured on "
-            "a 2-core host; removed after, results cached). --stages resolve,probe skips it."
+            f"{', '.join(engine.import_check.modules)} ({engine.import_check.cost + '; ' if engine.import_check.cost else ''}"
+            "removed after, results cached). --stages resolve,probe skips it."
         )
-    if "probe" in options.stages and "trace" in engine.preflight:
-        pairs = set()
-        for cell in plan.cells:
-            torch_version = cell.env.effective("torch", engine.pins)
-            flashinfer = cell.env.effective("flashinfer", engine.pins)
-            arch = cell.env.gpu.arch.removeprefix("sm_")
-            if (
-                cell.applicable
-                and cell.mode in engine.trace_modes
-                and torch_version
-                and flashinfer
-                and probe.piecewise_traces_with_dynamo(cell.env.version)
-                and probe.entry_point_for(cell.env.version, arch, flashinfer) is not None
-            ):
-                pairs.add((torch_version, flashinfer))
-        cache = options.workdir / "cache"
-        missing = sorted(pair for pair in pairs if not probe.venv_is_built(cache, *pair))
-        if missing:
-            torches = sorted({t for t, _ in missing})
-            lines.append(
-                f"The FP4 trace probe builds {len(missing)} torch+flashinfer venv(s) under {cache / 'probe'}: "
-                f"CUDA builds of torch {', '.join(torches)} (several GB each to download the first time; later "
-                "venvs link them from uv's cache). --stages resolve skips the probe."
-            )
+    hooks = Hooks.of(engine)
+    if "probe" in options.stages and hooks.preamble is not None:
+        lines += hooks.preamble([c for c in plan.cells if c.applicable], engine, options.workdir / "cache")
     return lines
 
 
@@ -294,6 +273,10 @@ class _Runner:
     @property
     def _starts(self) -> int:
         return self.plan.spec.file.bench.starts
+
+    @functools.cached_property
+    def _hooks(self) -> Hooks:
+        return Hooks.of(self.plan.spec.engine)
 
     @functools.cached_property
     def _cpu_split(self) -> bench.CpuSplit | None:
@@ -562,39 +545,28 @@ class _Runner:
         self._serve_and_bench(state, cell, prediction)
 
     def _probe(self, state: _EnvState, cell: Cell) -> Verdict | None:
-        """CPU pre-flight: a wrong flag is a failure; an untraceable FP4 path predicts one."""
+        """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,
+        an untraceable FP4 path predicts one) ends the cell. One that cannot run here predicts nothing."""
         engine = self.plan.spec.engine
-        cache = self.options.workdir / "cache"
-        version = cell.env.version
+        preflight = PreflightInput(
+            cell=cell,
+            engine=engine,
+            pins=state.resolved.pins if state.resolved else {},
+            cache_dir=self.options.workdir / "cache",
+        )
         started = time.monotonic()
         try:
-            if "flags" in engine.preflight:
-                check = probe.flag_check(sglang_version=version, argv=cell.command, cache_dir=cache)
-                if not check.ok:
-                    return verdict.failed("unknown-flag", excerpt=check.evidence)
-            if "trace" in engine.preflight and cell.mode in engine.trace_modes:
-                pins = state.resolved.pins if state.resolved else {}
-                torch_version = pins.get("torch") or cell.env.effective("torch", engine.pins)
-                flashinfer = pins.get("flashinfer-python") or cell.env.effective("flashinfer", engine.pins)
-                if torch_version and flashinfer:
-                    result = probe.probe_cell(
-                        sglang_version=version,
-                        torch_version=torch_version,
-                        flashinfer_version=flashinfer,
-                        arch=cell.env.gpu.arch.removeprefix("sm_"),
-                        cache_dir=cache,
-                    )
-                    if result is not None and result.traceable is False:
-                        return Verdict(
-                            kind="predicted-fail",
-                            detail="dynamo-untraceable",
-                            excerpt=result.evidence,
-                            evidence=(
-                                f"probe: {result.entry} on torch {result.torch}, flashinfer {result.flashinfer}",
-                            ),
-                        )
-        except Exception as exc:  # a pre-flight that cannot run predicts nothing; the GPU stages decide
-            self.console.print(f"[yellow]probe of {cell.id} could not run: {type(exc).__name__}: {exc}[/]")
+            for name in engine.preflight:
+                check = self._hooks.preflights.get(name)
+                if check is None:
+                    continue  # a generic pre-flight (the import check) runs as its own stage
+                try:
+                    result = check(preflight)
+                except PreflightUnavailable as exc:
+                    self.console.print(f"[yellow]{name} pre-flight of {cell.id} could not run: {exc}[/]")
+                    continue
+                if result is not None:
+                    return result
         finally:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -163,7 +163,7 @@ def load_spec(path: Path | str) -> Spec:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc: KeyPath = tuple(first["loc"])
-        raise source.error(loc, _pydantic_message(first)) from None
+        raise source.error(loc, tomlsource.pydantic_message(first)) from None
     _check_names(source, file)
     engine = _engine(source, file)
     _check_axes(source, file, engine)
@@ -180,15 +180,6 @@ def load_spec(path: Path | str) -> Spec:
         exclude=exclude,
         axes_line=source.line_of(("axes",)),
     )
-
-
-def _pydantic_message(error: Any) -> str:
-    kind = error.get("type", "")
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required key is missing"
-    return str(error.get("msg", "invalid value"))
 
 
 def _check_names(source: TomlSource, file: SpecFile) -> None:

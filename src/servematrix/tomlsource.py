@@ -11,11 +11,14 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from servematrix.errors import InputError, Location
 
 KeyPath = tuple[str | int, ...]
+_Model = TypeVar("_Model", bound=BaseModel)
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(r"""^\s*((?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+)(?:\s*\.\s*(?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+))*)\s*=""")
@@ -137,3 +140,22 @@ def _index_list_items(source: TomlSource, keypath: KeyPath, text_lines: list[str
                     line = candidate
                     break
         source.lines.setdefault((*keypath, index), line)
+
+
+def validate(source: TomlSource, model: type[_Model]) -> _Model:
+    """`source.data` as a pydantic `model`; the first error is an InputError at its file, line and key."""
+    try:
+        return model.model_validate(source.data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise source.error(tuple(first["loc"]), pydantic_message(first)) from None
+
+
+def pydantic_message(error: Any) -> str:
+    """A pydantic error in the words of a TOML file."""
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    return str(error.get("msg", "invalid value"))

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from servematrix import flagsurface
-from servematrix.stages import probe
-from servematrix.stages.probe import flag_check, trace_probe
+from servematrix.engines.sglang import flagsurface
+from servematrix.engines.sglang import traceprobe as probe
+from servematrix.engines.sglang.flagsurface import flag_check
+from servematrix.engines.sglang.traceprobe import trace_probe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

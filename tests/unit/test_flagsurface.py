@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from servematrix import flagsurface
-from servematrix.flagsurface import (
+from servematrix.engines.sglang import flagsurface
+from servematrix.engines.sglang.flagsurface import (
     FlagSurface,
     FlagSurfaceError,
     canonical_flag,

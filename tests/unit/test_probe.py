@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from servematrix import flagsurface
-from servematrix.stages import probe
-from servematrix.stages.probe import (
+from servematrix.engines.sglang import flagsurface
+from servematrix.engines.sglang import traceprobe as probe
+from servematrix.engines.sglang.flagsurface import flag_check
+from servematrix.engines.sglang.traceprobe import (
     ProbeResult,
     entry_point_for,
-    flag_check,
     flashinfer_has,
     fp4_entry_rule,
     fp4_module_for,
@@ -347,7 +347,7 @@ def fixture_surface(monkeypatch):
     root = FIXTURES / "fields"
     sources = {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*.py")}
     surface = flagsurface.surface_from_sources(sources, version="0.5.23")
-    monkeypatch.setattr(flagsurface, "flag_surface", lambda version, *, cache_dir: surface)
+    monkeypatch.setattr(flagsurface, "flag_surface", lambda version, *, cache_dir, **target: surface)
     return surface
 
 

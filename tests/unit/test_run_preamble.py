@@ -34,7 +34,7 @@ def test_a_gpu_matrix_on_a_cpu_host_says_what_it_will_do(monkeypatch, tmp_path, 
 
 
 def test_the_preamble_counts_only_probe_venvs_not_built_yet(monkeypatch, tmp_path, write_matrix):
-    from servematrix.stages import probe
+    from servematrix.engines.sglang import traceprobe as probe
 
     _host(monkeypatch)
     plan = make_plan(write_matrix(SMALL_SGLANG), [], None)

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
+from servematrix.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION, platform_parts
+
 # Bump when the extraction changes, so cached flag sets are re-read from the cached wheels.
 SCHEMA = 1
 
@@ -54,16 +56,20 @@ META_SKIP = frozenset({"NS", "Derived"})  # Annotated metadata that is not CLI m
 MUTATORS = ("append", "extend", "add", "insert", "update")
 ALWAYS_ACCEPTED = frozenset({"-h", "--help"})
 
-# From 0.5.11 the sglang wheels are cp3xx and tagged manylinux_2_34 only; earlier ones are py3-none-any.
-DOWNLOAD_TARGET = (
-    "--only-binary=:all:",
-    "--python-version",
-    "3.12",
-    "--platform",
-    "manylinux_2_34_x86_64",
-    "--implementation",
-    "cp",
-)
+
+def download_target(python_version: str = DEFAULT_PYTHON_VERSION, platform: str = DEFAULT_PLATFORM) -> tuple[str, ...]:
+    """pip's wheel-selection arguments for the cell's target: from 0.5.11 the sglang wheels are cp3xx and
+    tagged manylinux_2_34 only; earlier ones are py3-none-any."""
+    arch, major, minor = platform_parts(platform)
+    return (
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--platform",
+        f"manylinux_{major}_{minor}_{arch}",
+        "--implementation",
+        "cp",
+    )
 
 
 class FlagSurfaceError(RuntimeError):
@@ -204,8 +210,15 @@ def invalid_choices(
     return bad
 
 
-def flag_surface(sglang_version: str, *, cache_dir: Path) -> FlagSurface:
-    """The flag surface of one sglang release, from the cache or from its wheel (downloaded once)."""
+def flag_surface(
+    sglang_version: str,
+    *,
+    cache_dir: Path,
+    python_version: str = DEFAULT_PYTHON_VERSION,
+    platform: str = DEFAULT_PLATFORM,
+) -> FlagSurface:
+    """The flag surface of one sglang release, from the cache or from its wheel for the cell's target
+    (downloaded once)."""
     cache_dir = Path(cache_dir)
     cached = cache_dir / "flagsurface" / f"sglang-{sglang_version}.json"
     if cached.is_file():
@@ -215,13 +228,13 @@ def flag_surface(sglang_version: str, *, cache_dir: Path) -> FlagSurface:
                 return FlagSurface.from_json(data)
         except (OSError, ValueError, KeyError):
             pass  # a torn or stale cache file is re-derived below
-    wheel = download_wheel(sglang_version, dest=cache_dir / "wheels")
+    wheel = download_wheel(sglang_version, dest=cache_dir / "wheels", target=download_target(python_version, platform))
     surface = surface_from_wheel(wheel, version=sglang_version)
     _write_atomic(cached, json.dumps(surface.to_json(), indent=1, sort_keys=True) + "\n")
     return surface
 
 
-def download_wheel(sglang_version: str, *, dest: Path) -> Path:
+def download_wheel(sglang_version: str, *, dest: Path, target: Sequence[str] | None = None) -> Path:
     """The sglang wheel for this version, without dependencies and without installing it."""
     dest = Path(dest)
     existing = _find_wheel(dest, sglang_version)
@@ -234,7 +247,7 @@ def download_wheel(sglang_version: str, *, dest: Path) -> Path:
             "download",
             "--no-deps",
             "--disable-pip-version-check",
-            *DOWNLOAD_TARGET,
+            *(target or download_target()),
             f"sglang=={sglang_version}",
             "-d",
             tmp,
@@ -698,6 +711,54 @@ def _nargs_many(expr: ast.expr | None) -> bool:
 
 def _is_option(token: str) -> bool:
     return token.startswith("-") and not re.fullmatch(r"-\d+(\.\d*)?", token)
+
+
+# ----------------------------------------------------------------------------------------- flag check
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlagCheck:
+    sglang: str
+    unknown: tuple[str, ...]
+    invalid: tuple[tuple[str, str], ...]  # (flag, value) outside the flag's declared choices
+    deprecated: tuple[str, ...]  # accepted, with a warning
+
+    @property
+    def ok(self) -> bool:
+        return not self.unknown and not self.invalid
+
+    @property
+    def evidence(self) -> str:
+        parts = []
+        if self.unknown:
+            parts.append(f"sglang {self.sglang} does not accept: {' '.join(self.unknown)}")
+        for flag, value in self.invalid:
+            parts.append(f"sglang {self.sglang}: {flag} {value!r} is not among its choices")
+        return "; ".join(parts)
+
+
+def flag_check(
+    *,
+    sglang_version: str,
+    argv: Sequence[str],
+    cache_dir: Path,
+    include_extendable: bool = True,
+    python_version: str = DEFAULT_PYTHON_VERSION,
+    platform: str = DEFAULT_PLATFORM,
+) -> FlagCheck:
+    """Check a server argv against the flag surface of this sglang release (from its wheel).
+
+    Choice lists that plugins may extend are checked too by default: a stock install has no plugins.
+    """
+    surface = flag_surface(sglang_version, cache_dir=cache_dir, python_version=python_version, platform=platform)
+    choices = dict(surface.choices) if include_extendable else surface.closed_choices()
+    used = [canonical_flag(t.split("=", 1)[0], surface.flags) for t in argv if t.startswith("--")]
+    return FlagCheck(
+        sglang=sglang_version,
+        unknown=tuple(unknown_flags(argv, surface.flags)),
+        invalid=tuple(invalid_choices(argv, choices, multi_value=surface.multi_value, accepted=surface.flags)),
+        deprecated=tuple(dict.fromkeys(f for f in used if f and f in surface.deprecated)),
+    )
 
 
 # --------------------------------------------------------------------------------------------------

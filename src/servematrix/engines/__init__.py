@@ -1,22 +1,40 @@
-"""Engines are plugins described by data (``data/engines/<name>.toml``).
+"""Engines are plugins described by data (``data/engines/<name>.toml``), with hooks where data cannot say it.
 
 An engine says how to install a version (requirements), how to launch it (argv by version range), how
 to tell it is ready, which flags each mode needs in each version, and which flags were renamed. This
-module only reads those tables; adding an engine or a version is a data change.
+module reads those tables; adding an engine or a version is a data change.
+
+What data cannot say, an engine's hooks module does (`hooks = "servematrix.engines.sglang"` in its data):
+its CPU pre-flights (`PREFLIGHTS`, by the names the data's `preflight` lists) and what the run says about
+them before it starts (`preamble`). The runner calls them by name and knows nothing of any engine.
+Engine data files are found in the directories of `SERVEMATRIX_ENGINES` (os.pathsep-separated), then
+among servematrix's own.
 """
 
 from __future__ import annotations
 
 import functools
-import tomllib
+import importlib
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
-from typing import Literal
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from servematrix.errors import InputError, Location
+from servematrix import tomlsource
+from servematrix.errors import InputError
+
+if TYPE_CHECKING:
+    from servematrix.cells import Cell
+    from servematrix.verdict import Verdict
 
 
 class _Data(BaseModel):
@@ -80,6 +98,7 @@ class ImportCheckSpec(_Data):
     help: tuple[str, ...] = ()  # argv; "python" is the environment's interpreter
     env: dict[str, str] = {}
     needs_gpu: tuple[str, ...] = ()
+    cost: str = ""  # what one check costs (disk, time), said before a run starts
 
 
 class Readiness(_Data):
@@ -121,7 +140,10 @@ class Engine(_Data):
     axes: tuple[str, ...]
     modes: tuple[str, ...]
     pinnable: tuple[str, ...] = ()
-    preflight: tuple[str, ...] = ()  # CPU checks this engine supports: "flags", "trace"
+    # CPU pre-flights, in order: "import" (the generic import check) and the names of the hooks module's
+    # PREFLIGHTS (sglang: "flags", "trace").
+    preflight: tuple[str, ...] = ()
+    hooks: str = ""  # the module with this engine's hooks (see the module doc); none when empty
     trace_modes: tuple[str, ...] = ()  # modes whose capture goes through dynamo
     default_port: int
     requirements: Requirements
@@ -181,28 +203,84 @@ class Engine(_Data):
         parsed = Version(version)
         return next((row for row in self.mode_evidence if row.mode == mode and row.contains(parsed)), None)
 
-    def release_pin(self, version: str, axis: str) -> str | None:
-        return self.pins.get(version, {}).get(axis)
+
+GENERIC_PREFLIGHTS = ("import",)  # run by the runner's own stages, for any engine
+ENGINES_PATH_ENV = "SERVEMATRIX_ENGINES"
 
 
-EngineName = Literal["sglang", "transformers"]
+class PreflightUnavailable(Exception):
+    """A pre-flight that cannot run here (e.g. a wheel it reads could not be downloaded): it predicts
+    nothing, and the GPU stages decide. Any other exception from a hook is a harness fault."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightInput:
+    """What a pre-flight hook is given about one cell."""
+
+    cell: Cell
+    engine: Engine
+    pins: Mapping[str, str]  # the environment's resolved lock, by package name (empty before resolve)
+    cache_dir: Path  # where a hook keeps what it fetched or derived, shared by every cell
+
+    def package(self, axis: str) -> str | None:
+        """The version of an axis's package: the lock's, else the axis value or the release pin."""
+        requirement = self.engine.requirements.for_axis(axis)
+        package = canonicalize_name(re.split(r"[\s\[=<>!~;]", requirement, maxsplit=1)[0]) if requirement else axis
+        return self.pins.get(package) or self.cell.env.effective(axis, self.engine.pins)
+
+
+Preflight = Callable[[PreflightInput], "Verdict | None"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hooks:
+    """An engine's hooks module, as the runner sees it."""
+
+    preflights: Mapping[str, Preflight]
+    preamble: Callable[[Sequence[Cell], Engine, Path], list[str]] | None = None
+
+    @staticmethod
+    def of(engine: Engine) -> Hooks:
+        if not engine.hooks:
+            return Hooks(preflights={})
+        module = importlib.import_module(engine.hooks)
+        return Hooks(preflights=getattr(module, "PREFLIGHTS", {}), preamble=getattr(module, "preamble", None))
+
+
+def _engine_folders() -> list[Traversable]:
+    """Where engine data files are looked for: SERVEMATRIX_ENGINES's directories, then servematrix's own."""
+    extra = [Path(p) for p in os.environ.get(ENGINES_PATH_ENV, "").split(os.pathsep) if p.strip()]
+    return [*extra, resources.files("servematrix.data").joinpath("engines")]
+
+
+def load_engine(name: str) -> Engine:
+    for folder in _engine_folders():
+        candidate = folder.joinpath(f"{name}.toml")
+        if candidate.is_file():
+            with resources.as_file(candidate) as path:
+                return _load(path)
+    known = ", ".join(available_engines())
+    raise InputError(f"unknown engine {name!r} (known: {known})")
 
 
 @functools.cache
-def load_engine(name: str) -> Engine:
-    resource = resources.files("servematrix.data").joinpath("engines", f"{name}.toml")
-    if not resource.is_file():
-        known = ", ".join(available_engines())
-        raise InputError(f"unknown engine {name!r} (known: {known})")
-    try:
-        data = tomllib.loads(resource.read_text(encoding="utf-8"))
-        return Engine.model_validate(data)
-    except (tomllib.TOMLDecodeError, ValidationError) as exc:
-        raise InputError(
-            f"engine data is invalid: {exc}", Location(file=f"servematrix/data/engines/{name}.toml")
-        ) from None
+def _load(path: Path) -> Engine:
+    source = tomlsource.load(path)
+    engine = tomlsource.validate(source, Engine)
+    hooks = Hooks.of(engine) if engine.hooks else Hooks(preflights={})
+    for i, name in enumerate(engine.preflight):
+        if name not in GENERIC_PREFLIGHTS and name not in hooks.preflights:
+            known = ", ".join((*GENERIC_PREFLIGHTS, *hooks.preflights))
+            raise source.error(
+                ("preflight", i),
+                f"pre-flight {name!r} is neither generic nor one of {engine.hooks or 'the (absent) hooks module'}'s "
+                f"PREFLIGHTS (known: {known})",
+            )
+    return engine
 
 
 def available_engines() -> list[str]:
-    folder = resources.files("servematrix.data").joinpath("engines")
-    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+    return sorted(
+        {p.name.removesuffix(".toml") for folder in _engine_folders() if folder.is_dir() for p in folder.iterdir()}
+        - {""}
+    )

@@ -1,16 +1,12 @@
-"""Probe stage: CPU pre-flight checks that can end a cell before it costs GPU time.
+"""sglang's FP4 trace probe, a CPU pre-flight that can end a piecewise cell before it costs GPU time.
 
-Two checks, both answered without a GPU:
-
-- the flag check: every flag of the cell's server argv must be accepted by that sglang release, and
-  every value must be among its declared choices (`servematrix.flagsurface`, read from the wheel);
-- the trace probe: a piecewise cell traces the forward with dynamo (`torch.compile(fullgraph=True)`).
-  If the FP4 quantize entry point that this sglang reaches on this arch does not trace under the cell's
-  (torch, flashinfer), the GPU run would die with `torch._dynamo.exc.Unsupported`. `probe_script.py`
-  runs in a small venv holding only that torch and flashinfer-python, and reports.
+A piecewise cell traces the forward with dynamo (`torch.compile(fullgraph=True)`). If the FP4 quantize entry
+point that this sglang reaches on this arch does not trace under the cell's (torch, flashinfer), the GPU run
+would die with `torch._dynamo.exc.Unsupported`. `probe_script.py` runs in a small venv holding only that
+torch and flashinfer-python, and reports.
 
 Which entry point each sglang release reaches per arch, where flashinfer keeps it, and whether a
-release's piecewise mode uses dynamo at all is data (`data/probe.toml`), not code.
+release's piecewise mode uses dynamo at all is data (`probe.toml`, beside this module), not code.
 
 Probe venvs are built once per (torch, flashinfer) under the cache folder, and each probe result is
 cached per (torch, flashinfer, entry, arch), so a matrix pays for each pair once. The installer is uv by
@@ -31,24 +27,22 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from servematrix import flagsurface
+from servematrix import tomlsource
 
 __all__ = [
     "ENTRIES",
-    "FlagCheck",
     "ProbeResult",
     "entry_point_for",
-    "flag_check",
     "flashinfer_has",
     "fp4_entry_rule",
     "fp4_module_for",
@@ -88,47 +82,84 @@ class _Data:
     modules: tuple[tuple[SpecifierSet, str], ...]
     features: dict[str, SpecifierSet]
     entries: tuple[EntryRule, ...]
-    piecewise: tuple[tuple[SpecifierSet, dict], ...]
+    piecewise: tuple[tuple[SpecifierSet, _PiecewiseRow], ...]
 
 
-def _spec(text: str, where: str) -> SpecifierSet:
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _range(value: str) -> str:
     try:
-        return SpecifierSet(text)
-    except InvalidSpecifier as exc:
-        raise ValueError(f"data/probe.toml: {where}: bad version range {text!r}") from exc
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise ValueError(f"not a version range: {value!r}") from None
+    return value
+
+
+Range = Annotated[str, AfterValidator(_range)]
+
+
+class _ProbeSection(_Row):
+    packages: tuple[str, ...]
+    assume_cuda: str = ""
+    install_timeout_s: float = Field(default=1800, gt=0)
+    probe_timeout_s: float = Field(default=300, gt=0)
+
+
+class _ModuleRow(_Row):
+    flashinfer: Range
+    module: str
+
+
+class _EntryRow(_Row):
+    sglang: Range
+    arch: tuple[str | int, ...]
+    entry: Literal["plain", "custom-op", "sglang-op", "none"]
+    flashinfer: Range | None = None
+    source: str = ""
+
+
+class _PiecewiseRow(_Row):
+    sglang: Range
+    applicable: bool = True
+    dynamo: bool = False
+    default_dynamo: bool = False
+    reason: str = ""
+
+
+class _ProbeFile(_Row):
+    schema_: int = Field(alias="schema")
+    probe: _ProbeSection
+    flashinfer_module: tuple[_ModuleRow, ...] = ()
+    flashinfer_features: dict[str, Range] = {}
+    fp4_entry: tuple[_EntryRow, ...] = ()
+    piecewise: tuple[_PiecewiseRow, ...] = ()
 
 
 @functools.cache
 def _data() -> _Data:
-    raw = tomllib.loads(resources.files("servematrix.data").joinpath("probe.toml").read_text())
-    probe = raw["probe"]
-    entries = []
-    for i, row in enumerate(raw.get("fp4_entry", [])):
-        if row["entry"] not in (*ENTRIES, NO_ENTRY):
-            raise ValueError(f"data/probe.toml: fp4_entry[{i}]: unknown entry {row['entry']!r}")
-        entries.append(
-            EntryRule(
-                sglang=_spec(row["sglang"], f"fp4_entry[{i}].sglang"),
-                archs=tuple(_normalize_arch(a) for a in row["arch"]),
-                entry=row["entry"],
-                source=row.get("source", ""),
-                flashinfer=_spec(row["flashinfer"], f"fp4_entry[{i}].flashinfer") if "flashinfer" in row else None,
-            )
-        )
+    """probe.toml, validated: a mistake in it is an InputError naming its line and key."""
+    with resources.as_file(resources.files(__package__).joinpath("probe.toml")) as path:
+        raw = tomlsource.validate(tomlsource.load(path), _ProbeFile)
     return _Data(
-        packages=tuple(probe["packages"]),
-        assume_cuda=str(probe.get("assume_cuda", "")),
-        install_timeout_s=float(probe.get("install_timeout_s", 1800)),
-        probe_timeout_s=float(probe.get("probe_timeout_s", 300)),
-        modules=tuple(
-            (_spec(row["flashinfer"], f"flashinfer_module[{i}]"), row["module"])
-            for i, row in enumerate(raw.get("flashinfer_module", []))
+        packages=raw.probe.packages,
+        assume_cuda=raw.probe.assume_cuda,
+        install_timeout_s=raw.probe.install_timeout_s,
+        probe_timeout_s=raw.probe.probe_timeout_s,
+        modules=tuple((SpecifierSet(row.flashinfer), row.module) for row in raw.flashinfer_module),
+        features={k: SpecifierSet(v) for k, v in raw.flashinfer_features.items()},
+        entries=tuple(
+            EntryRule(
+                sglang=SpecifierSet(row.sglang),
+                archs=tuple(_normalize_arch(a) for a in row.arch),
+                entry=row.entry,
+                source=row.source,
+                flashinfer=SpecifierSet(row.flashinfer) if row.flashinfer is not None else None,
+            )
+            for row in raw.fp4_entry
         ),
-        features={k: _spec(v, f"flashinfer_features.{k}") for k, v in raw.get("flashinfer_features", {}).items()},
-        entries=tuple(entries),
-        piecewise=tuple(
-            (_spec(row["sglang"], f"piecewise[{i}]"), row) for i, row in enumerate(raw.get("piecewise", []))
-        ),
+        piecewise=tuple((SpecifierSet(row.sglang), row) for row in raw.piecewise),
     )
 
 
@@ -185,7 +216,7 @@ def fp4_module_for(flashinfer_version: str) -> str | None:
 
 
 def flashinfer_has(feature: str, flashinfer_version: str) -> bool:
-    """A flashinfer feature listed in data/probe.toml: 'custom_op', 'backend_kwarg'."""
+    """A flashinfer feature listed in probe.toml: 'custom_op', 'backend_kwarg'."""
     spec = _data().features.get(feature)
     if spec is None:
         raise KeyError(f"unknown flashinfer feature {feature!r}; known: {sorted(_data().features)}")
@@ -200,54 +231,10 @@ def piecewise_traces_with_dynamo(sglang_version: str, *, default: bool = False) 
     version = _version(sglang_version)
     for spec, row in _data().piecewise:
         if _contains(spec, version):
-            if not row.get("applicable", True):
+            if not row.applicable:
                 return None
-            return bool(row.get("default_dynamo" if default else "dynamo"))
+            return row.default_dynamo if default else row.dynamo
     return None
-
-
-# ----------------------------------------------------------------------------------------- flag check
-
-
-@dataclass(frozen=True, kw_only=True)
-class FlagCheck:
-    sglang: str
-    unknown: tuple[str, ...]
-    invalid: tuple[tuple[str, str], ...]  # (flag, value) outside the flag's declared choices
-    deprecated: tuple[str, ...]  # accepted, with a warning
-
-    @property
-    def ok(self) -> bool:
-        return not self.unknown and not self.invalid
-
-    @property
-    def evidence(self) -> str:
-        parts = []
-        if self.unknown:
-            parts.append(f"sglang {self.sglang} does not accept: {' '.join(self.unknown)}")
-        for flag, value in self.invalid:
-            parts.append(f"sglang {self.sglang}: {flag} {value!r} is not among its choices")
-        return "; ".join(parts)
-
-
-def flag_check(
-    *, sglang_version: str, argv: Sequence[str], cache_dir: Path, include_extendable: bool = True
-) -> FlagCheck:
-    """Check a server argv against the flag surface of this sglang release (from its wheel).
-
-    Choice lists that plugins may extend are checked too by default: a stock install has no plugins.
-    """
-    surface = flagsurface.flag_surface(sglang_version, cache_dir=cache_dir)
-    choices = dict(surface.choices) if include_extendable else surface.closed_choices()
-    used = [flagsurface.canonical_flag(t.split("=", 1)[0], surface.flags) for t in argv if t.startswith("--")]
-    return FlagCheck(
-        sglang=sglang_version,
-        unknown=tuple(flagsurface.unknown_flags(argv, surface.flags)),
-        invalid=tuple(
-            flagsurface.invalid_choices(argv, choices, multi_value=surface.multi_value, accepted=surface.flags)
-        ),
-        deprecated=tuple(dict.fromkeys(f for f in used if f and f in surface.deprecated)),
-    )
 
 
 # ---------------------------------------------------------------------------------------- trace probe
@@ -330,7 +317,7 @@ def trace_probe(*, torch_version: str, flashinfer_version: str, entry: str, arch
     module = fp4_module_for(flashinfer_version) if entry == "plain" else None
     if module:
         argv += ["--module", module]
-    with resources.as_file(resources.files("servematrix").joinpath("probe_script.py")) as script:
+    with resources.as_file(resources.files(__package__).joinpath("probe_script.py")) as script:
         run = _run([str(python), str(script), *argv], timeout_s=data.probe_timeout_s, env=_probe_env(env_dir))
     report = _last_json_line(run.stdout)
     if report is None:
