@@ -155,7 +155,13 @@ def load_signatures(engine: str) -> Signatures:
         raise SignatureDataError(f"not an engine name: {engine!r}", Location(file=shown))
     resource = resources.files("servematrix.data") / "signatures" / f"{engine}.toml"
     if not resource.is_file():
-        raise SignatureDataError(f"no failure signatures for engine {engine!r}", Location(file=shown))
+        # An engine may come without signatures (a new one, or one defined outside servematrix): its logs are
+        # then classified by nothing, and a failure is `fail:unclassified` with its last lines.
+        from servematrix.engines import available_engines
+
+        if engine not in available_engines():
+            raise SignatureDataError(f"no failure signatures for engine {engine!r}", Location(file=shown))
+        return Signatures(engine=engine, source=shown, signatures=(), prefilter=Prefilter(()))
     return parse_signatures(resource.read_text(encoding="utf-8"), source=shown, engine=engine)
 
 

@@ -1,0 +1,98 @@
+"""Engines are plugins: a third engine, defined only by the tests (a data file and a hooks module), plans and
+runs through the real pipeline with its own CPU pre-flight; engine data that names a pre-flight nobody
+implements is bad input at its line."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from servematrix.engines import ENGINES_PATH_ENV, Hooks, available_engines, load_engine
+from servematrix.errors import InputError
+from servematrix.pipeline import RunOptions, run_plan
+from servematrix.plan import make_plan
+from servematrix.store import Store
+from tests.fakes.fake_backend import FakeBackend
+
+TOY_ENGINES = Path(__file__).resolve().parents[1] / "fakes" / "engines"
+
+TOY_MATRIX = """
+engine = "toyserve"
+[model]
+name = "m"
+path = "m"
+[axes]
+toyserve = ["1.4", "2.1"]
+gpu = ["cpu"]
+mode = ["short", "long"]
+[gpu.cpu]
+arch = "cpu"
+count = 0
+[server]
+ready_timeout_s = 30
+[bench]
+concurrency = [1]
+input_len = 8
+output_len = 8
+prompts_per_concurrency = 2
+"""
+
+
+@pytest.fixture
+def toy_engines(monkeypatch):
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(TOY_ENGINES))
+
+
+def test_a_third_engine_runs_its_own_preflight_through_the_real_pipeline(toy_engines, tmp_path):
+    matrix = tmp_path / "toy.toml"
+    matrix.write_text(TOY_MATRIX)
+    plan = make_plan(matrix)
+    assert {c.env.engine for c in plan.cells} == {"toyserve"} and len(plan.cells) == 4
+    long_old = next(c for c in plan.cells if c.mode == "long" and c.env.version == "1.4")
+    assert long_old.command[-2:] == ("--max-len", "4096")
+
+    store = tmp_path / "s.sqlite"
+    options = RunOptions(stages=("probe", "build", "serve"), store=store, workdir=tmp_path / "work")
+    summary = run_plan(plan, FakeBackend(tmp_path), options, console=Console(file=io.StringIO()))
+
+    # The hook decided one cell before anything was built; the fake backend served the other three.
+    assert summary.verdicts == {c.id: "fail:context-too-long" if c is long_old else "pass" for c in plan.cells}, (
+        summary.verdicts
+    )
+    with Store(store) as opened:
+        row = next(r for r in opened.all_rows() if r["cell_id"] == long_old.id)
+    assert "accepts --max-len up to 2048" in row["excerpt"]
+
+
+def test_the_third_engine_is_listed_and_its_hooks_are_its_own(toy_engines):
+    assert "toyserve" in available_engines()
+    assert set(Hooks.of(load_engine("toyserve")).preflights) == {"context-limit"}
+    assert set(Hooks.of(load_engine("sglang")).preflights) == {"flags", "trace"}
+    assert Hooks.of(load_engine("transformers")).preflights == {}
+
+
+def test_a_preflight_no_hook_implements_is_bad_input_at_its_line(monkeypatch, tmp_path):
+    # Before engines had hooks, an engine declaring "flags" would have run sglang's wheel reader.
+    text = (TOY_ENGINES / "toyserve.toml").read_text()
+    text = text.replace('preflight = ["context-limit"]\nhooks = "tests.fakes.toy_engine"', 'preflight = ["flags"]')
+    (tmp_path / "noflags.toml").write_text(text.replace('name = "toyserve"', 'name = "noflags"'))
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    with pytest.raises(InputError) as caught:
+        load_engine("noflags")
+    assert caught.value.location.line == text.splitlines().index('preflight = ["flags"]') + 1
+    assert "'flags'" in str(caught.value)
+
+
+def test_engine_data_with_an_unknown_key_names_its_line(monkeypatch, tmp_path):
+    text = (
+        (TOY_ENGINES / "toyserve.toml").read_text().replace("default_port = 8000", "default_port = 8000\nreadyness = 1")
+    )
+    (tmp_path / "typo.toml").write_text(text.replace('name = "toyserve"', 'name = "typo"'))
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    with pytest.raises(InputError) as caught:
+        load_engine("typo")
+    assert caught.value.location.key == "readyness" and "unknown key" in str(caught.value)
+    assert caught.value.location.line == text.splitlines().index("readyness = 1") + 1
