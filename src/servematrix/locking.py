@@ -37,7 +37,7 @@ def print_lock_table(plan: Plan, outcomes: list[ResolveOutcome], console: Consol
     table = Table(title=f"locks for {plan.spec.path}")
     for column in ("env", *plan.spec.axis_names, "status", "pins / why"):
         table.add_column(column, overflow="fold")
-    main = {"sglang", "transformers", "torch", "flashinfer-python"}
+    main = {plan.spec.engine.axis_package(axis) for axis in plan.spec.engine.axes}  # the version axes' packages
     for outcome in outcomes:
         axes = [str(outcome.axes.get(a, "")) for a in plan.spec.axis_names]
         if outcome.status == "resolved":

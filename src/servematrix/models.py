@@ -1,8 +1,11 @@
 """Models a matrix asks servematrix to build (``model.build``), such as the CPU engine's tiny Llama.
 
-The builder is a self-contained script run by the cell environment's own interpreter, which has torch
-and transformers; the harness itself needs neither. It is built once into the matrix's model path and
-reused by every cell while its builder inputs are unchanged.
+The engine's data names each builder's module (`model_builders`, `module` or `module:size`). A builder
+module is a self-contained script, run by the cell environment's own interpreter as `SCRIPT OUT_DIR --size
+SIZE` (that interpreter has torch and transformers; the harness itself needs neither), and it answers two
+questions the harness asks in-process without importing anything heavy: `is_built(dir, size=)` and
+`not_replaceable(dir)`. A model is built once into the matrix's model path and reused by every cell while
+its builder inputs are unchanged.
 
 A built model replaces whatever was at its path before, so the path is held to two rules: it lies inside
 a directory servematrix owns (the run's workdir, the project's .servematrix, or a model root the user
@@ -17,6 +20,7 @@ import os
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from servematrix.engines import Engine
@@ -48,6 +52,13 @@ def builder_script(engine: Engine, builder: str) -> Path:
     return Path(found.origin)
 
 
+def builder_module(engine: Engine, builder: str) -> ModuleType:
+    """The builder's module, for its `is_built` and `not_replaceable` (it imports nothing heavy at load)."""
+    module, _ = builder_entry(engine, builder)
+    builder_script(engine, builder)
+    return importlib.import_module(module)
+
+
 def _lexical(path: Path) -> Path:
     """An absolute path with `..` and `.` folded away, symlinks not followed (a linked cache stays inside)."""
     return Path(os.path.normpath(os.path.abspath(path)))
@@ -62,8 +73,6 @@ def inside(path: Path, roots: Sequence[Path]) -> bool:
 def check_model_path(spec: Spec, roots: Sequence[Path]) -> None:
     """InputError at the matrix's `model.path` line unless the model may be built there: inside one of the
     roots, and not where something servematrix did not build already is."""
-    from servematrix import tinymodel
-
     path = Path(spec.file.model.path)
     if not inside(path, roots):
         shown = ", ".join(str(r) for r in dict.fromkeys(roots))
@@ -73,7 +82,12 @@ def check_model_path(spec: Spec, roots: Sequence[Path]) -> None:
             _model_path_location(spec),
         )
     target = path.resolve()
-    problem = None if tinymodel.is_built(target) else tinymodel.not_replaceable(target)
+    builder = spec.file.model.build
+    if not builder:
+        return  # a model servematrix does not build is never replaced
+    module = builder_module(spec.engine, builder)
+    _, size = builder_entry(spec.engine, builder)
+    problem = None if module.is_built(target, size=size) else module.not_replaceable(target)
     if problem:
         raise InputError(problem, _model_path_location(spec))
 
@@ -85,15 +99,6 @@ def _model_path_location(spec: Spec) -> Location:
         return tomlsource.load(spec.path).location(("model", "path"))
     except InputError:
         return Location(file=spec.path, key="model.path")
-
-
-def check_replaceable(target: Path) -> None:
-    """InputError unless whatever is at target is a model servematrix built, or an empty directory."""
-    from servematrix import tinymodel
-
-    problem = tinymodel.not_replaceable(target)
-    if problem:
-        raise InputError(problem)
 
 
 def ensure_model(
@@ -110,16 +115,17 @@ def ensure_model(
     `roots`: the directories the model must lie in (None when the user named the path itself, as
     `servematrix tiny-model DIR` does). Either way, nothing servematrix did not build is replaced.
     """
-    from servematrix import tinymodel
-
     if roots is not None and not inside(path, roots):
         shown = ", ".join(str(r) for r in dict.fromkeys(roots))
         raise InputError(f"model path {path} is outside servematrix's directories ({shown})")
     target = path.resolve()
     _, size = builder_entry(engine, builder)
-    if tinymodel.is_built(target, size=size):
+    module = builder_module(engine, builder)
+    if module.is_built(target, size=size):
         return target
-    check_replaceable(target)
+    problem = module.not_replaceable(target)
+    if problem:
+        raise InputError(problem)
     script = builder_script(engine, builder)
     done = subprocess.run(
         [*python((target.parent,)), str(script), str(target), "--size", size],
@@ -128,6 +134,6 @@ def ensure_model(
         timeout=timeout_s,
         check=False,
     )
-    if done.returncode != 0 or not tinymodel.is_built(target, size=size):
+    if done.returncode != 0 or not module.is_built(target, size=size):
         raise ModelBuildError(f"building {builder} into {target} failed:\n{done.stderr[-2000:]}")
     return target

@@ -163,6 +163,14 @@ class Engine(_Data):
     mode_evidence: tuple[ModeEvidence, ...] = ()
     # Flags whose value is a credential: masked as `***` in every stored, printed or published argv.
     secret_flags: tuple[str, ...] = ()
+    # The report heatmap's second axis, the one whose choice decides the second mode's fate (for sglang the
+    # flashinfer version, not torch); default: the second version axis.
+    heatmap_axis: str = ""
+
+    def axis_package(self, axis: str) -> str:
+        """The (normalized) name of the package an axis's requirement installs: flashinfer -> flashinfer-python."""
+        requirement = self.requirements.for_axis(axis)
+        return canonicalize_name(re.split(r"[\s\[=<>!~;]", requirement, maxsplit=1)[0] if requirement else axis)
 
     @property
     def version_axis(self) -> str:
@@ -224,9 +232,7 @@ class PreflightInput:
 
     def package(self, axis: str) -> str | None:
         """The version of an axis's package: the lock's, else the axis value or the release pin."""
-        requirement = self.engine.requirements.for_axis(axis)
-        package = canonicalize_name(re.split(r"[\s\[=<>!~;]", requirement, maxsplit=1)[0]) if requirement else axis
-        return self.pins.get(package) or self.cell.env.effective(axis, self.engine.pins)
+        return self.pins.get(self.engine.axis_package(axis)) or self.cell.env.effective(axis, self.engine.pins)
 
 
 Preflight = Callable[[PreflightInput], "Verdict | None"]

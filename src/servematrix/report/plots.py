@@ -26,9 +26,6 @@ from servematrix.report.markdown import NO_SPEEDUP, no_speedup, no_speedup_text,
 from servematrix.report.regressions import spreads
 from servematrix.store import Row
 
-# The heatmap's second axis per engine: the one whose choice decides the second mode's fate (for sglang the
-# flashinfer version, not torch). Engines not listed use their second version axis.
-HEATMAP_AXIS = {"sglang": "flashinfer"}
 MODE_STYLES = ("-", "--", ":", "-.")
 # How a square without a speedup looks, per `markdown.NO_SPEEDUP` status: (face, hatch, edge). Observed
 # failures red and hatched; CPU-only predictions lighter, dotted, with a lighter edge, so they never read
@@ -230,7 +227,7 @@ def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
         return None
     first_mode, second_mode = modes[0], modes[1]
     x_axis = engine.version_axis
-    y_axis = HEATMAP_AXIS.get(engine.name, engine.axes[1])
+    y_axis = engine.heatmap_axis or engine.axes[1]
     envs: dict[str, dict[str, Row]] = {}
     for row in rows:
         envs.setdefault(row["env_id"], {})[row["mode"]] = row
