@@ -23,7 +23,8 @@ from servematrix.backends.container import (
     default_dockerfile,
     targets_from_plan,
 )
-from servematrix.backends.registry import probe_tool, select_backend
+from servematrix.backends.registry import select_backend
+from servematrix.backends.tools import probe_tool
 from servematrix.backends.venv import VenvBackend
 from servematrix.errors import InputError
 from servematrix.plan import make_plan
@@ -453,7 +454,7 @@ def test_nix_is_a_backend_choice_of_select(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
 def test_base_image_problem_asks_the_real_engine(tmp_path):
-    from servematrix.backends.registry import base_image_problem
+    from servematrix.backends.tools import base_image_problem
 
     why = base_image_problem("podman", "localhost/servematrix-no-such-base:never")
     assert why is not None and why.startswith("cannot pull localhost/servematrix-no-such-base:never")

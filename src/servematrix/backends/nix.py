@@ -29,6 +29,7 @@ from typing import Any
 
 from servematrix.backends import BuildInput, Built, LaunchSpec
 from servematrix.backends.container import TOOLS, ContainerBackend, EnvTarget, Tool, targets_from_plan
+from servematrix.backends.tools import probe_tool
 from servematrix.lockfile import parse_pins
 from servematrix.resources import is_packaged, resource
 
@@ -271,7 +272,6 @@ def nix_backend(
     tool: "podman", "docker" or "auto" (the first whose `info` works). Raises InputError when nix or a
     container engine is missing.
     """
-    from servematrix.backends.registry import probe_tool
     from servematrix.errors import InputError
 
     check = probe or probe_tool
