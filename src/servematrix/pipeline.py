@@ -733,19 +733,9 @@ class _Runner:
         return verdict.passed(), metrics
 
     def _workload(self) -> bench.Workload:
-        settings = self.plan.spec.file.bench
-        return bench.Workload(
-            concurrency=tuple(settings.concurrency),
-            input_len=settings.input_len,
-            output_len=settings.output_len,
-            prompts_per_concurrency=settings.prompts_per_concurrency,
-            warmup=settings.warmup,
-            repeats=settings.repeats,
-            temperature=settings.temperature,
-            api=settings.api,
+        return bench.Workload.from_settings(
+            self.plan.spec.file.bench.model_dump(),
             ignore_eos=self.plan.spec.engine.supports_ignore_eos,
-            min_level_s=settings.min_level_s,
-            client_processes=settings.client_processes,
             client_cpus=self._cpu_split.client if self._cpu_split else (),
         )
 

@@ -287,3 +287,18 @@ def test_smoke_check_failures(fake):
 
 def test_report_type():
     assert BenchReport.output_tok_s.__doc__
+
+
+def test_a_workload_takes_every_bench_setting_of_the_matrix_by_name():
+    from servematrix.spec import BenchSpec
+
+    settings = BenchSpec(
+        concurrency=[1, 8], input_len=64, output_len=16, prompts_per_concurrency=8, warmup=1, repeats=3,
+        api="completions", temperature=0.5, min_level_s=2.0, starts=2, client_processes=4, client_cpus=2,
+    )  # fmt: skip
+    workload = bench.Workload.from_settings(settings.model_dump(), ignore_eos=True, client_cpus=(6, 7))
+    assert workload == bench.Workload(
+        concurrency=(1, 8), input_len=64, output_len=16, prompts_per_concurrency=8, warmup=1, repeats=3,
+        api="completions", temperature=0.5, min_level_s=2.0, client_processes=4, ignore_eos=True,
+        client_cpus=(6, 7),
+    )  # fmt: skip

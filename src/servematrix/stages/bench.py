@@ -33,6 +33,7 @@ calls it inconclusive when the range includes 1.0.
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -172,6 +173,15 @@ class Workload:
             raise ValueError("max_level_requests must be >= prompts_per_concurrency")
         if any(c < 0 for c in self.client_cpus):
             raise ValueError(f"client_cpus must be CPU numbers >= 0, got {self.client_cpus!r}")
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], **given: Any) -> "Workload":
+        """A workload from a matrix's validated `[bench]` table: every field of the same name, plus `given`
+        (what the engine or the host decides: ignore_eos, client_cpus)."""
+        names = {f.name for f in dataclasses.fields(cls)} - set(given)
+        values = {name: value for name, value in settings.items() if name in names}
+        values["concurrency"] = tuple(values["concurrency"])
+        return cls(**values, **given)
 
 
 def make_prompt(index: int, input_len: int) -> str:
