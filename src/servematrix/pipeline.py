@@ -10,7 +10,6 @@ group, so the next run can reap a server orphaned by a killed harness.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import os
@@ -21,10 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
 from servematrix import hostinfo, ports, tomlsource, verdict
 from servematrix.backends import Backend, Built, LaunchSpec
@@ -34,6 +30,8 @@ from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, check_model_path, ensure_model
 from servematrix.plan import Plan
+from servematrix.progress import RunProgress, print_summary
+from servematrix.reaper import reap_orphans
 from servematrix.redact import (
     MissingSecretError,
     fill_secrets,
@@ -44,7 +42,7 @@ from servematrix.redact import (
 )
 from servematrix.stages import bench, build, importcheck, serve
 from servematrix.stages.resolve import ResolveOutcome, resolve
-from servematrix.store import Store, harness_alive
+from servematrix.store import DEFAULT_STORE, Store
 from servematrix.store import now as store_now
 from servematrix.verdict import Verdict
 
@@ -60,7 +58,7 @@ PROJECT_DIR = Path(".servematrix")
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
     stages: tuple[str, ...] = STAGES
-    store: Path = Path(".servematrix/results.sqlite")
+    store: Path = DEFAULT_STORE
     workdir: Path = Path(".servematrix")
     lock_dir: Path | None = None  # default: locks/ beside the matrix file
     rerun: bool = False
@@ -183,53 +181,6 @@ def _matrix_location(plan: Plan, keypath: tuple[str | int, ...]) -> Location:
         return Location(file=plan.spec.path)
 
 
-def reap_orphans(store: Store) -> list[int]:
-    """Rows left `running` by a harness that no longer exists: kill their server groups, mark them interrupted."""
-    killed: list[int] = []
-    here = hostinfo.host().hostname
-    for row in store.running():
-        if (row.get("host") or {}).get("hostname") not in (None, here):
-            continue  # a row merged from another machine: its pids mean nothing here
-        owner = row.get("harness_pid")
-        if owner and owner != os.getpid() and harness_alive(row, here):
-            continue  # another live harness owns it
-        pid, pgid = row.get("server_pid"), row.get("server_pgid")
-        if pid and _is_server(pid, row.get("argv") or []):
-            killed += serve.kill_tree(pid, pgid, grace_s=5.0)
-        elif pgid and not psutil.pid_exists(pgid):
-            # The leader is gone but its workers (e.g. sglang schedulers) may live on in its group.
-            killed += serve.kill_tree(pgid, pgid, grace_s=5.0)
-        store.finish(
-            row["run_id"], row["cell_id"], verdict="interrupted", excerpt="the harness stopped while this cell ran"
-        )
-    return killed
-
-
-def _is_server(pid: int, argv: Sequence[str]) -> bool:
-    """Guard against pid reuse: only a process whose command line is the recorded server argv."""
-    try:
-        cmdline = psutil.Process(pid).cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    # The launcher may resolve argv[0] (python -> /env/bin/python), so compare the arguments only.
-    tail = list(argv[1:])
-    if not tail:
-        return bool(cmdline)
-    live = cmdline[-len(tail) :]
-    return len(live) == len(tail) and all(_same_arg(stored, seen) for stored, seen in zip(tail, live, strict=True))
-
-
-def _same_arg(stored: str, live: str) -> bool:
-    """The stored argv is redacted: a masked element matches whatever secret the live one holds there."""
-    if stored == live:
-        return True
-    for mask in ("***", "[REDACTED]"):
-        if mask in stored:
-            head, tail = stored.split(mask)[0], stored.split(mask)[-1]
-            return len(live) >= len(head) + len(tail) and live.startswith(head) and live.endswith(tail)
-    return False
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Served:
     """One server start of a cell: its verdict, benchmark and stage times."""
@@ -266,7 +217,6 @@ class _Runner:
     store: Store
     console: Console
     summary: Summary
-    _progress: tuple[Progress, TaskID] | None = None
     _ceiling: bench.Ceiling | None = None  # the benchmark client's, measured on this host once per run
     _ceiling_tried: bool = False
 
@@ -301,26 +251,8 @@ class _Runner:
                 f"{self.summary.skipped_unchanged} cell(s) unchanged since their last finished run: not run again "
                 "(--rerun to force)"
             )
-        self._total, self._done = total, 0
-        self._clock_start = time.monotonic()
-        # On a terminal, one live bar; in a CI log (no terminal), a plain line per cell and stage as it happens.
-        progress = (
-            Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.fields[stage]}"),
-                console=self.console,
-                transient=False,
-            )
-            if self.console.is_terminal
-            else None
-        )
-        with progress or contextlib.nullcontext():
-            task = progress.add_task(f"{spec.path.name}", total=total, stage="") if progress is not None else None
-            if progress is not None and task is not None:
-                self._progress = (progress, task)
+        self._progress = RunProgress(self.console, title=spec.path.name, total=total)
+        with self._progress.shown():
             by_id = {c.id: c for c in self.plan.cells}
             for cells in todo.values():
                 state = _EnvState(env=cells[0].env)
@@ -328,16 +260,16 @@ class _Runner:
                     self._claimed_cell(state, cell)
                     if cell.id in state.pending:
                         continue  # more server starts follow: counted when the cell is finished
-                    self._advance(cell, progress, task)
+                    self._progress.finished(cell, self.summary.verdicts.get(cell.id, "?"))
                 for cell_id in self._more_starts(state):
-                    self._advance(by_id[cell_id], progress, task)
+                    self._progress.finished(by_id[cell_id], self.summary.verdicts.get(cell_id, "?"))
         if self.summary.skipped_owned:
             owners = sorted(set(self.summary.skipped_owned.values()))
             self.console.print(
                 f"{len(self.summary.skipped_owned)} cell(s) skipped: another live run on this store (pid "
                 f"{', '.join(map(str, owners))}) was running them"
             )
-        self._print_summary()
+        print_summary(self.console, self.options.run_id, {c.id: c for c in self.plan.cells}, self.summary.verdicts)
 
     def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
         """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""
@@ -366,13 +298,6 @@ class _Runner:
         except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
             self._record(cell, state, verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}"))
 
-    def _advance(self, cell: Cell, progress: Progress | None, task: TaskID | None) -> None:
-        self._done += 1
-        if progress is not None and task is not None:
-            progress.advance(task)
-        else:
-            self._line(cell, self.summary.verdicts.get(cell.id, "?"))
-
     def _more_starts(self, state: _EnvState) -> list[str]:
         """The further server starts of the environment's served cells, interleaved across its modes
         (baseline, piecewise, baseline, piecewise, ...); a cell stops at its first start that does not pass.
@@ -397,20 +322,7 @@ class _Runner:
         return inputs_hash(self.plan, cell, self.options.stages)
 
     def _stage(self, cell: Cell, name: str) -> None:
-        if self._progress is None:
-            self._line(cell, name)
-            return
-        progress, task = self._progress
-        progress.update(task, stage=f"{cell.id} {cell.env.version} {cell.mode}: {name}")
-
-    def _line(self, cell: Cell, what: str) -> None:
-        elapsed = time.monotonic() - self._clock_start
-        axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
-        print(
-            f"[{self._done}/{self._total} {elapsed:6.0f}s] {cell.id} {axes} mode={cell.mode}: {what}",
-            file=self.console.file,
-            flush=True,
-        )
+        self._progress.stage(cell, name)
 
     def _wants(self, stage: str) -> bool:
         return stage in self.options.stages
@@ -756,25 +668,6 @@ class _Runner:
             python=lambda visible: self.backend.python(built, visible=visible),
             roots=model_roots(self.options),
         )
-
-    def _print_summary(self) -> None:
-        if not self.summary.verdicts:
-            return
-        # Readable at 80 columns and in a log: the cell, its mode and its verdict on one line, never cut; its
-        # environment on the next, folded.
-        by_id = {c.id: c for c in self.plan.cells}
-        self.console.print(Text(f"run {self.options.run_id}", style="bold"))
-        mode_width = max(len(by_id[cell_id].mode) for cell_id in self.summary.verdicts)
-        for cell_id, result in self.summary.verdicts.items():
-            cell = by_id[cell_id]
-            colour = (
-                "green" if result == "pass" else "red" if result.startswith(("fail", "unres", "error")) else "yellow"
-            )
-            axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
-            line = Text(f"{cell_id}  {cell.mode:<{mode_width}}  ")
-            line.append(result, style=colour)
-            self.console.print(line, overflow="fold")
-            self.console.print(Text(f"    {axes}", style="dim"), overflow="fold")
 
 
 def pooled_metrics(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

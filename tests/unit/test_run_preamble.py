@@ -3,13 +3,10 @@ environments it will build, and plain progress lines when there is no terminal (
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from rich.console import Console
 
 from servematrix import hostinfo
-from servematrix.pipeline import RunOptions, Summary, _Runner, builds_here, preamble
+from servematrix.pipeline import RunOptions, builds_here, preamble
 from servematrix.plan import make_plan
 from tests.conftest import MATRIX, SMALL_SGLANG
 
@@ -81,48 +78,3 @@ def test_builds_here_only_for_gpus_present_and_only_with_the_build_stage(monkeyp
     cpu = make_plan(MATRIX / "cpu-smoke.toml", [], None)
     _host(monkeypatch)
     assert len(builds_here(cpu, ("resolve", "build"))) == 2  # the CPU engine builds anywhere
-
-
-def test_without_a_terminal_each_cell_and_stage_is_one_plain_line(monkeypatch, tmp_path):
-    _host(monkeypatch)
-    plan = make_plan(MATRIX / "cpu-smoke.toml", [], None)
-    out = io.StringIO()
-    console = Console(file=out, force_terminal=False, width=80)
-    runner = _Runner(
-        plan=plan,
-        backend=None,
-        options=RunOptions(workdir=tmp_path),
-        store=None,
-        console=console,
-        summary=Summary(run_id="r"),
-    )  # type: ignore[arg-type]
-    runner._total, runner._done, runner._clock_start = 4, 1, 0.0
-    cell = plan.cells[0]
-    runner._stage(cell, "resolve")
-    line = out.getvalue()
-    assert line.endswith(
-        f"{cell.id} {' '.join(f'{k}={v}' for k, v in cell.env.axes.items())} mode={cell.mode}: resolve\n"
-    )
-    assert line.startswith("[1/4")
-    assert "\x1b[" not in line  # no terminal codes in a log
-
-
-def test_the_summary_never_cuts_a_verdict_at_80_columns(monkeypatch, tmp_path):
-    plan = make_plan(MATRIX / "glm5-nvfp4.toml", [], None)
-    out = io.StringIO()
-    console = Console(file=out, force_terminal=False, width=80)
-    summary = Summary(run_id="r")
-    verdicts = ["predicted-fail:dynamo-untraceable", "fail:unknown-flag", "skipped:not-applicable", "unresolvable"]
-    for index, cell in enumerate(plan.cells[:8]):
-        summary.verdicts[cell.id] = verdicts[index % len(verdicts)]
-    runner = _Runner(
-        plan=plan, backend=None, options=RunOptions(workdir=tmp_path), store=None, console=console, summary=summary
-    )  # type: ignore[arg-type]
-    runner._print_summary()
-    text = out.getvalue()
-    assert "…" not in text
-    for verdict in verdicts:
-        assert verdict in text
-    assert max(len(line) for line in text.splitlines()) <= 80
-    for cell_id in summary.verdicts:
-        assert cell_id in text

@@ -18,7 +18,7 @@ import pytest
 from servematrix import hostinfo
 from servematrix.cli import main
 from servematrix.errors import InputError
-from servematrix.pipeline import reap_orphans
+from servematrix.reaper import reap_orphans
 from servematrix.store import SCHEMA, Store, now
 
 HF_TOKEN = "hf_" + "Wd2" * 10
