@@ -7,15 +7,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from servematrix import cells
 from servematrix.plan import Plan
-from servematrix.stages import build
 from servematrix.stages.resolve import ResolveOutcome, ResolveRequest, resolve
 
 
 def resolve_request(plan: Plan, env_id: str) -> ResolveRequest:
     spec = plan.spec
     env = next(c.env for c in plan.cells if c.env_id == env_id)
-    reqs, overrides = build.requirements(env, spec.engine, spec.file.packages)
+    reqs, overrides = cells.requirements(env, spec.engine, spec.file.packages)
     cuda = spec.file.cuda.get(env.axes.get("cuda", ""))
     return ResolveRequest(
         env_id=env.env_id,

@@ -22,12 +22,12 @@ from packaging.utils import canonicalize_name
 
 from servematrix.backends import Backend, BuildInput, Built
 from servematrix.backends.container import ContainerBackend, image_size, targets_from_plan
+from servematrix.cells import requirements
 from servematrix.locking import lock_plan
 from servematrix.models import builder_script
 from servematrix.pipeline import RunOptions, run_plan
 from servematrix.plan import Plan, make_plan
 from servematrix.report.markdown import tok_s
-from servematrix.stages.build import requirements
 from servematrix.store import Store
 from servematrix.tinymodel import is_built
 from tests.conftest import MATRIX

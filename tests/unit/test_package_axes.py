@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from servematrix.cells import axis_packages, requirements
 from servematrix.errors import InputError
 from servematrix.lockfile import read_lock_header
 from servematrix.locking import resolve_request
 from servematrix.plan import make_plan
-from servematrix.stages.build import axis_packages, requirements
 from tests.conftest import MATRIX, SMALL_SGLANG
 
 WITH_KERNELS = SMALL_SGLANG.replace('engine = "sglang"', 'engine = "sglang"\npackages = ["kernels"]').replace(

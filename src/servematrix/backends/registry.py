@@ -25,8 +25,8 @@ from servematrix.backends.existing import ExistingBackend
 from servematrix.backends.nix import nix_backend
 from servematrix.backends.tools import base_image_problem, probe_tool
 from servematrix.backends.venv import VenvBackend
+from servematrix.cells import axis_packages
 from servematrix.errors import InputError
-from servematrix.stages.build import axis_packages
 
 CHOICES = ("auto", "podman", "docker", "venv", "nix", "existing")
 
