@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from servematrix.cli import build_parser
-from servematrix.errors import InputError
+from servematrix.cli import build_parser, main, parse_args
 from servematrix.plan import make_plan
-from servematrix.slurm import SlurmError, add_submit_parser, options_from_args, prepare, submit, wait
+from servematrix.slurm import SlurmError, options_from_args, prepare, submit, wait
 from servematrix.store import Store
 from tests.conftest import MATRIX, installed_tool
 
@@ -24,19 +23,16 @@ SMOKE = MATRIX / "cpu-smoke.toml"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="servematrix")
-    add_submit_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["submit", *argv])
+    """`servematrix submit ...`'s options, parsed and checked."""
+    return parse_args(["submit", *argv])
 
 
-def cli(argv: list[str]) -> int:
-    """As `servematrix submit ...` runs it (cli.main turns InputError into exit 2)."""
-    args = parse(argv)
+def cli(argv: list[str]) -> int | str | None:
+    """`servematrix submit ...`: its exit code, argparse's refusals included."""
     try:
-        return args.handler(args)
-    except InputError as exc:
-        print(f"servematrix: error: {exc}", file=sys.stderr)
-        return 2
+        return main(["submit", *argv])
+    except SystemExit as exc:
+        return exc.code
 
 
 def sbatch_line(script: str, option: str) -> str | None:
@@ -192,7 +188,7 @@ def test_sbatch_failures_are_reported(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--backend", "nonesuch"], "not a valid task command"),
+        (["--backend", "nonesuch"], "invalid choice: 'nonesuch'"),
         (["--stages", "serve,nap"], "unknown stage"),
         (["--max-tasks", "0"], "--max-tasks"),
         (["--select", "flavour=mint"], "unknown key"),
