@@ -20,7 +20,6 @@ from servematrix.pipeline import STAGES
 from tests.conftest import MATRIX, REPO
 
 SMOKE = MATRIX / "cpu-smoke.toml"
-GLM5 = MATRIX / "glm5-nvfp4.toml"
 
 
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
