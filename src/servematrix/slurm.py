@@ -9,6 +9,9 @@ a task that failed or hit its time limit still leaves the rows it finished, and 
 
 Everything a task needs is in its script (written under OUT, which must be on a filesystem the compute
 nodes share), so a script can be read, and resubmitted, by hand.
+
+The command line is not here: servematrix.options declares submit's options (those it passes to every
+task are run's own declarations) and cli.cmd_submit calls `submit`.
 """
 
 from __future__ import annotations
