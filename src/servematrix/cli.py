@@ -1,5 +1,5 @@
-"""The `servematrix` command. Options are declared once here; every subcommand calls one function of the
-package and prints its result. Exit codes: 0 when the harness worked (failed cells are data), 2 on bad
+"""The `servematrix` command: the parser built from servematrix.options (every option is declared there, once)
+and one handler per subcommand, which calls the package and prints its result. Exit codes: 0 when the harness worked (failed cells are data), 2 on bad
 input, 1 on an internal fault."""
 
 from __future__ import annotations
@@ -7,61 +7,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from servematrix.backends.registry import CHOICES as BACKENDS
-from servematrix.cells import DEFAULT_MAX_CELLS
 from servematrix.errors import EXIT_BAD_INPUT, InputError
-from servematrix.pipeline import STAGES
+from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, add_options, validate
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
-from servematrix.slurm import add_submit_parser
 from servematrix.store import DEFAULT_STORE
 
-DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
 TABLE_NAME = "compatibility.md"
-EXIT_REGRESSION = 3
-EPILOG = """\
-examples:
-  servematrix plan matrix/glm5-nvfp4.toml --select 'sglang>=0.5.10' --select mode=piecewise
-  servematrix plan matrix/glm5-nvfp4.toml --format github --max-jobs 64
-  servematrix plan matrix/cpu-smoke.toml --shard 1/2 --format json
-
-select expressions: KEY OP VALUE terms joined by commas, all of which must hold. Keys are the
-matrix axes (sglang, torch, flashinfer, cuda, gpu, ...), mode, engine, env and id (id prefixes).
-OP is = (exact; VALUE may be a|b), != or a version comparison (>=, <, ~=, ...):
-  --select 'sglang>=0.5.10,<0.5.14'   --select 'gpu=b200|rtx-pro-6000'   --select env=3fa9
-"""
-
-
-def _matrix_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "matrix",
-        type=Path,
-        nargs="?",
-        default=DEFAULT_MATRIX,
-        help=f"a matrix TOML file (default: {DEFAULT_MATRIX})",
-    )
-    parser.add_argument(
-        "--select",
-        action="append",
-        default=[],
-        metavar="EXPR",
-        help="keep only cells matching EXPR (repeatable; all must hold)",
-    )
-    parser.add_argument("--shard", metavar="I/N", help="run the I-th of N stable shards (by environment)")
-    parser.add_argument(
-        "--max-cells",
-        type=int,
-        default=DEFAULT_MAX_CELLS,
-        metavar="N",
-        help=f"refuse a matrix of more than N cells, before expanding it (default: {DEFAULT_MAX_CELLS:,})",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every command, with the options servematrix.options declares for it."""
     parser = argparse.ArgumentParser(
         prog="servematrix",
         description="Which torch x SGLang x FlashInfer x CUDA combinations serve your model, how fast, "
@@ -71,195 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    plan = commands.add_parser(
-        "plan",
-        help="expand a matrix into cells and print them",
-        description="Expand a matrix into cells with stable ids and the exact server argv of each.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _matrix_args(plan)
-    plan.add_argument(
-        "--format",
-        choices=("table", "json", "github"),
-        default="table",
-        help="table (default), the contract JSON (a list of cells), or a GitHub Actions strategy.matrix",
-    )
-    plan.add_argument(
-        "--commands", action="store_true", help="table format: print each cell's exact server argv below the table"
-    )
-    plan.add_argument(
-        "--max-jobs",
-        type=int,
-        default=256,
-        help="github format: group cells into at most this many jobs (a workflow run takes 256)",
-    )
-    plan.set_defaults(handler=cmd_plan)
-
-    run = commands.add_parser(
-        "run",
-        help="run the cells of a matrix through the stages and store the results",
-        description="Run cells through resolve → build → probe → serve → bench. Exit 0 when the harness "
-        "worked, even if cells failed (failures are data); 2 on bad input; 130 when interrupted. Cells whose "
-        "inputs are unchanged since a finished run are not run again (--rerun forces them).",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _matrix_args(run)
-    run.add_argument(
-        "--stages",
-        default=",".join(STAGES),
-        metavar="LIST",
-        help=f"comma-separated stages to run, in pipeline order (default: {','.join(STAGES)})",
-    )
-    run.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default="auto",
-        help="where environments are built and servers run. auto: podman or docker when it can get its base "
-        "images, else venv (uv); nix: images from flake.nix; existing: build nothing, serve with --python",
-    )
-    run.add_argument(
-        "--python",
-        metavar="PATH",
-        help="--backend existing: the interpreter whose installed packages serve every cell (default: this one); "
-        "a cell whose axis versions are not installed there is refused",
-    )
-    run.add_argument(
-        "--store", type=Path, default=DEFAULT_STORE, help=f"SQLite result store (default: {DEFAULT_STORE})"
-    )
-    run.add_argument(
-        "--workdir",
-        type=Path,
-        default=Path(".servematrix"),
-        help="environments, logs and built models (default: .servematrix)",
-    )
-    run.add_argument("--lock-dir", type=Path, help="where locks are written (default: locks/ beside the matrix)")
-    run.add_argument(
-        "--model-root",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a directory besides the workdir where the matrix's built model may live (repeatable)",
-    )
-    run.add_argument("--rerun", action="store_true", help="run cells again even if their inputs are unchanged")
-    run.add_argument(
-        "--trust-probe",
-        action="store_true",
-        help="do not run GPU stages for cells the CPU probe predicts to fail (default: run them to check it)",
-    )
-    run.add_argument(
-        "--report",
-        type=Path,
-        metavar="DIR_OR_FILE",
-        help="after the run, write a report of the store here: a directory, or the table's .md path (default: "
-        "none; a run never writes docs/, `servematrix report --publish` publishes)",
-    )
-    run.add_argument(
-        "--no-report", dest="report", action="store_const", const=None, help="write no report (the default)"
-    )
-    _regression_args(run)
-    run.set_defaults(handler=cmd_run)
-
-    lock = commands.add_parser(
-        "lock",
-        help="resolve a lock file per environment with uv",
-        description="Resolve each environment's requirements for its target Python and platform, with hashes. "
-        "status: resolved | unresolvable (the stack cannot be installed) | error (infrastructure; retried).",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _matrix_args(lock)
-    lock.add_argument("--out", type=Path, help="directory for lock files (default: locks/ beside the matrix)")
-    lock.add_argument(
-        "--format", choices=("table", "json"), default="table", help="table (default) or the contract JSON"
-    )
-    lock.set_defaults(handler=cmd_lock)
-
-    report = commands.add_parser(
-        "report",
-        help="write the compatibility table, HTML page, plots and failure pages from a store",
-        description=f"Without --publish, a preview of the store's newest finished rows, into {PREVIEW_DIR}/ by "
-        f"default (nothing committed changes). With --publish, the store's rows are merged into the published "
-        f"results ({PUBLISHED_SITE / RECORD} by default: a cell's newer run replaces the older one, cells the "
-        "store lacks stay unless --prune) and the site is rendered from them. A missing or empty store, or one "
-        "with no finished row, is an error (exit 2).",
-    )
-    report.add_argument("--store", type=Path, help=f"SQLite result store to report (default: {DEFAULT_STORE})")
-    report.add_argument(
-        "--out",
-        type=Path,
-        help=f"output directory (default: {PREVIEW_DIR}; with --publish, the published site {PUBLISHED_SITE})",
-    )
-    report.add_argument(
-        "--publish",
-        action="store_true",
-        help=f"merge into the published results and render the site there (default {PUBLISHED_SITE}/)",
-    )
-    report.add_argument(
-        "--prune",
-        action="store_true",
-        help="with --publish: remove published cells the store does not have (says how many)",
-    )
-    report.add_argument(
-        "--from-published",
-        action="store_true",
-        help="with --publish: render the site again from the published results alone, no store (the docs build)",
-    )
-    _regression_args(report)
-    report.set_defaults(handler=cmd_report)
-
-    recommend = commands.add_parser(
-        "recommend",
-        help="which stack to pick per GPU kind, and the nearest fix for each failing cell",
-        description="Per GPU kind: the stacks that passed on a GPU (fastest first), then those every CPU "
-        "pre-flight passed (a GPU run still decides); for each failing cell, the nearest cell that is not "
-        "failing and what differs. From a store, or from the published results.",
-    )
-    recommend.add_argument(
-        "matrix", nargs="?", type=Path, help="only this matrix's cells (default: every matrix in the results)"
-    )
-    recommend.add_argument(
-        "--store", type=Path, help=f"a result store (default: the published {PUBLISHED_SITE / RECORD})"
-    )
-    recommend.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or JSON")
-    recommend.set_defaults(handler=cmd_recommend)
-
-    merge = commands.add_parser("merge", help="merge shard stores into one (idempotent)")
-    merge.add_argument("out", type=Path, metavar="OUT.sqlite", help="the store to merge into (created if missing)")
-    merge.add_argument("inputs", type=Path, nargs="+", metavar="IN.sqlite", help="shard stores to merge from")
-    merge.set_defaults(handler=cmd_merge)
-
-    tiny = commands.add_parser(
-        "tiny-model",
-        help="build the CPU engine's tiny random Llama into DIR",
-        description="Build a deterministic tiny Llama (byte-level BPE trained on built-in text, 2 layers, hidden 64) "
-        "with no model hub. Needs torch, transformers and tokenizers in the interpreter given by --python.",
-    )
-    tiny.add_argument("dir", type=Path, help="where to write the model (config, weights, tokenizer)")
-    tiny.add_argument(
-        "--python",
-        help="interpreter to build with (default: this one if it has torch, transformers and tokenizers, "
-        "else a uv-managed environment with them: `uv run --with ...`)",
-    )
-    tiny.set_defaults(handler=cmd_tiny_model)
-
-    classify = commands.add_parser(
-        "classify",
-        help="name the failure cause in a server log",
-        description="Match a server log against the engine's failure signatures. JSON: "
-        "{class, title, line, excerpt}; class is null when nothing matches.",
-    )
-    classify.add_argument("logfile", type=Path, help="a server log")
-    classify.add_argument(
-        "--engine", default="sglang", help="whose failure signatures to match (default: sglang; or transformers)"
-    )
-    classify.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or JSON")
-    classify.set_defaults(handler=cmd_classify)
-    add_submit_parser(commands)
+    for command in COMMANDS:
+        subparser = commands.add_parser(command.name, help=command.help, **command.parser_kwargs())
+        add_options(subparser, command.name)
+        subparser.set_defaults(handler=HANDLERS[command.name])
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed and checked (each option's check, once: servematrix.options.validate). A bad
+    value is an InputError; what argparse refuses exits 2 with the usage."""
+    return validate(build_parser().parse_args(argv))
 
 
 def _version() -> str:
@@ -271,20 +54,6 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _regression_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--baseline",
-        type=Path,
-        help=f"published results to compare with (default: {PUBLISHED_SITE / RECORD}; when publishing, the "
-        "record being merged into)",
-    )
-    parser.add_argument(
-        "--fail-on-regression",
-        action="store_true",
-        help=f"exit {EXIT_REGRESSION} when a cell regressed against the published results (for CI)",
-    )
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     from servematrix.plan import github_matrix, make_plan, plan_json, print_table
 
@@ -292,8 +61,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(plan_json(plan))
     elif args.format == "github":
-        if args.max_jobs < 1:
-            raise InputError("--max-jobs must be at least 1")
         try:
             print(json.dumps(github_matrix(plan, args.max_jobs)))
         except ValueError as exc:
@@ -301,14 +68,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print_table(plan, commands=args.commands)
     return 0
-
-
-def _stages(text: str) -> tuple[str, ...]:
-    wanted = tuple(s.strip() for s in text.split(",") if s.strip())
-    unknown = [s for s in wanted if s not in STAGES]
-    if unknown or not wanted:
-        raise InputError(f"--stages {text!r}: unknown stage(s) {unknown} (stages: {','.join(STAGES)})")
-    return tuple(s for s in STAGES if s in wanted)
 
 
 def _say(line: str) -> None:
@@ -320,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from servematrix.pipeline import RunOptions, builds_here, preamble, run_plan
     from servematrix.plan import make_plan
 
-    stages = _stages(args.stages)
+    stages, store = args.stages, args.store or DEFAULT_STORE
     plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
     report_table = _report_table(args.report) if args.report is not None else None
     if report_table is not None:  # before the run, not after it: a refused report must not cost a run
@@ -331,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise InputError(f"--baseline {args.baseline}: no such file")
     options = RunOptions(
         stages=stages,
-        store=args.store,
+        store=store,
         workdir=args.workdir,
         lock_dir=args.lock_dir,
         rerun=args.rerun,
@@ -354,10 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    regressions = _write_report(args.store, report_table, args.baseline) if report_table is not None else []
+    regressions = _write_report(store, report_table, args.baseline) if report_table is not None else []
     print(
         f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run, {summary.skipped_unchanged} unchanged; "
-        f"store {args.store}",
+        f"store {store}",
         file=sys.stderr,
     )
     return _regression_exit(regressions, args.fail_on_regression)
@@ -561,11 +320,70 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = args.handler
+def cmd_submit(args: argparse.Namespace) -> int:
+    from servematrix.slurm import SlurmError, job_state, options_from_args, submit, wait
+
+    options = options_from_args(args)
     try:
+        submission = submit(options, dry_run=args.dry_run)
+    except SlurmError as exc:
+        print(f"servematrix: {exc}", file=sys.stderr)
+        return 1
+    for array in submission.arrays:
+        gres = f"{array.gpus_per_task} GPU(s)" if array.gpus_per_task else "no GPU"
+        print(
+            f"{array.job_id or 'array'} {array.gpu}: {array.tasks} task(s), {array.cells} cell(s), {gres} and "
+            f"{array.time_minutes} min per task: {array.script}",
+            file=sys.stderr,
+        )
+    print(
+        f"{submission.merge_job_id or 'merge'}: merge into {options.store}: {submission.merge_script}", file=sys.stderr
+    )
+    if args.dry_run:
+        for command in submission.commands:
+            print(shlex.join(command))
+        return 0
+    print(" ".join(submission.job_ids))
+    if not args.wait:
+        return 0
+    assert submission.merge_job_id is not None
+    try:
+        wait(submission.job_ids, timeout_s=args.wait_timeout)
+    except SlurmError as exc:
+        print(f"servematrix: {exc}", file=sys.stderr)
+        return 1
+    state = job_state(submission.merge_job_id)
+    print(f"merge job {submission.merge_job_id}: {state or 'ended'}", file=sys.stderr)
+    return 0 if (state == "COMPLETED" or (state is None and options.store.is_file())) else 1
+
+
+def cmd_nix_export(args: argparse.Namespace) -> int:
+    from servematrix.nixexport import ExportError, command
+
+    try:
+        return command(args)
+    except ExportError as exc:  # the export cannot be faithful: the input's problem, named by env and package
+        raise InputError(str(exc)) from None
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "plan": cmd_plan,
+    "run": cmd_run,
+    "lock": cmd_lock,
+    "report": cmd_report,
+    "recommend": cmd_recommend,
+    "merge": cmd_merge,
+    "tiny-model": cmd_tiny_model,
+    "classify": cmd_classify,
+    "submit": cmd_submit,
+    "nix-export": cmd_nix_export,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
     except InputError as exc:
         print(f"servematrix: error: {exc}", file=sys.stderr)

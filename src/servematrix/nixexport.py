@@ -36,6 +36,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from servematrix.errors import InputError
 from servematrix.lockfile import LockedPackage, TargetError, marker_environment, parse_lock, platform_parts, target_tags
+from servematrix.options import NIX_ENVS, command_parser, validate
 
 __all__ = [
     "DEFAULT_BASE",
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 FORMAT = 1
-DEFAULT_OUT = Path("nix/envs.json")
+DEFAULT_OUT = NIX_ENVS
 DEFAULT_BASE = "default"
 _BASE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 
@@ -429,58 +430,28 @@ def check(document: Mapping, matrices: Sequence[Path], *, root: Path, lock_dir: 
 # ---------------------------------------------------------------------------------------------- command
 
 
-def _parse_base(text: str) -> tuple[str, str]:
-    name, sep, url = text.partition("=")
-    if not sep or not url or "://" not in url:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=URL")
-    return name, url
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m servematrix.nixexport",
-        description="Write the matrices' locked environments, with the exact wheel of every locked package, as "
-        "the JSON flake.nix reads. Needs the package index (uv is asked where each locked file lives); "
-        "--check needs nothing but the files.",
-    )
-    parser.add_argument("matrices", type=Path, nargs="*", help="matrix TOML files (default: matrix/*.toml)")
-    parser.add_argument("--lock-dir", type=Path, help="where the locks are (default: locks/ beside each matrix)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the JSON to write (default: {DEFAULT_OUT})")
-    parser.add_argument(
-        "--wheel-base",
-        dest="bases",
-        type=_parse_base,
-        action="append",
-        default=[],
-        metavar="NAME=URL",
-        help="name a URL prefix that wheels are fetched from; the URL itself is never written out",
-    )
-    parser.add_argument("--root", type=Path, default=Path("."), help="the repository root (default: .)")
-    parser.add_argument("--uv", default="uv")
-    parser.add_argument("--check", action="store_true", help="compare --out with the locks, offline; exit 1 if stale")
-    return parser
+    """`python -m servematrix.nixexport`: `servematrix nix-export`'s options, from servematrix.options."""
+    return command_parser("nix-export", prog="python -m servematrix.nixexport")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def command(args: argparse.Namespace) -> int:
+    """`servematrix nix-export` once its options are parsed and checked. InputError and ExportError propagate
+    to the caller, which says them (exit 2); a stale or missing --check target is exit 1."""
     matrices = args.matrices or sorted((args.root / "matrix").glob("*.toml"))
-    try:
-        if args.check:
-            if not args.out.is_file():
-                print(f"{args.out}: missing; run python -m servematrix.nixexport", file=sys.stderr)
-                return 1
-            problems = check(json.loads(args.out.read_text()), matrices, root=args.root, lock_dir=args.lock_dir)
-            for problem in problems:
-                print(problem, file=sys.stderr)
-            if problems:
-                print(f"{args.out} is stale: run python -m servematrix.nixexport", file=sys.stderr)
-                return 1
-            print(f"{args.out}: in step with the locks", file=sys.stderr)
-            return 0
-        result = export(matrices, root=args.root, lock_dir=args.lock_dir, bases=dict(args.bases), uv=args.uv)
-    except (ExportError, InputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.check:
+        if not args.out.is_file():
+            print(f"{args.out}: missing; run servematrix nix-export", file=sys.stderr)
+            return 1
+        problems = check(json.loads(args.out.read_text()), matrices, root=args.root, lock_dir=args.lock_dir)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            print(f"{args.out} is stale: run servematrix nix-export", file=sys.stderr)
+            return 1
+        print(f"{args.out}: in step with the locks", file=sys.stderr)
+        return 0
+    result = export(matrices, root=args.root, lock_dir=args.lock_dir, bases=args.bases, uv=args.uv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(result.text, encoding="utf-8")
@@ -494,6 +465,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return command(validate(args))
+    except (ExportError, InputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ a task that failed or hit its time limit still leaves the rows it finished, and 
 
 Everything a task needs is in its script (written under OUT, which must be on a filesystem the compute
 nodes share), so a script can be read, and resubmitted, by hand.
+
+The command line is not here: servematrix.options declares submit's options (those it passes to every
+task are run's own declarations) and cli.cmd_submit calls `submit`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from servematrix.errors import InputError
+from servematrix.pipeline import STAGES
 from servematrix.plan import GITHUB_MAX_JOBS, github_matrix, make_plan
 
 MERGE_TIME_MINUTES = 30
@@ -53,7 +57,7 @@ class SubmitOptions:
     out_dir: Path
     workdir: Path
     chdir: Path
-    stages: str | None = None
+    stages: tuple[str, ...] = STAGES
     backend: str = "auto"
     rerun: bool = False
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
@@ -103,8 +107,8 @@ def task_argv(options: SubmitOptions, gpu: str, shard: str | Shell, store: str |
     for expression in (*options.select, f"gpu={gpu}"):
         argv += ["--select", expression]
     argv += ["--shard", shard, "--store", store, "--workdir", str(options.workdir), "--backend", options.backend]
-    if options.stages:
-        argv += ["--stages", options.stages]
+    if options.stages != STAGES:  # all of them is run's default
+        argv += ["--stages", ",".join(options.stages)]
     if options.rerun:
         argv.append("--rerun")
     # Tasks share the project directory: none of them may write its table; the merge job writes it.
@@ -273,95 +277,8 @@ def _merge_script(options: SubmitOptions, stores: Sequence[Path]) -> str:
     return "\n".join(lines)
 
 
-# --- the command line: `servematrix submit MATRIX --slurm [--partition P] [--select EXPR]... [--dry-run]`
-
-
-def add_submit_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
-    """Register `submit` on the `servematrix` parser (cli.build_parser calls this)."""
-    from servematrix.cli import DEFAULT_MATRIX, EPILOG
-
-    parser = subparsers.add_parser(
-        "submit",
-        help="run a matrix on a Slurm cluster: a job array per GPU kind and a merge job",
-        description="Write and submit one Slurm job array per GPU kind (one task per group of environments, "
-        "GPUs and time limit from the spec, each task with its own store) and a merge job that runs after "
-        "all of them, merges the stores and writes the table. Scripts, task logs and stores go under --out.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "matrix", type=Path, nargs="?", default=DEFAULT_MATRIX, help=f"a matrix TOML file (default: {DEFAULT_MATRIX})"
-    )
-    parser.add_argument("--select", action="append", default=[], metavar="EXPR", help="keep only cells matching EXPR")
-    parser.add_argument("--slurm", action="store_true", required=True, help="submit to Slurm (the only scheduler)")
-    parser.add_argument("--partition", metavar="P", help="Slurm partition for every job (default: the cluster's)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help="scripts, task logs, shard stores and the merged results.sqlite; on a filesystem the nodes "
-        "share (default: .servematrix/slurm/TIMESTAMP)",
-    )
-    parser.add_argument(
-        "--report-out", type=Path, metavar="DIR", help="where the merge job writes compatibility.md (default: --out)"
-    )
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=Path(".servematrix"),
-        help="environments, logs and models, shared by the tasks (default: .servematrix)",
-    )
-    parser.add_argument("--stages", metavar="LIST", help="passed to `servematrix run --stages`")
-    parser.add_argument(
-        "--backend",
-        default="auto",
-        help="passed to `servematrix run --backend` (auto: the container engine where the node has one)",
-    )
-    parser.add_argument("--rerun", action="store_true", help="passed to `servematrix run`")
-    parser.add_argument(
-        "--launcher",
-        metavar="CMD",
-        help='how a node runs servematrix, e.g. "srun --container-image=IMAGE servematrix" for enroot/pyxis '
-        "(default: this interpreter, `python -m servematrix`)",
-    )
-    parser.add_argument(
-        "--max-tasks",
-        type=int,
-        default=GITHUB_MAX_JOBS,
-        help=f"at most this many tasks in all (default: {GITHUB_MAX_JOBS})",
-    )
-    parser.add_argument("--max-parallel", type=int, metavar="N", help="run at most N tasks of an array at once")
-    parser.add_argument(
-        "--sbatch-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        dest="sbatch_args",
-        help="extra sbatch option for every job, e.g. --sbatch-arg=--account=gpu (repeatable)",
-    )
-    parser.add_argument("--dry-run", action="store_true", help="write the scripts and print the sbatch commands only")
-    parser.add_argument(
-        "--wait", action="store_true", help="return when the merge job has ended; exit 1 unless it completed"
-    )
-    parser.add_argument("--wait-timeout", type=float, metavar="S", help="give up waiting after S seconds")
-    parser.set_defaults(handler=cmd_submit)
-    return parser
-
-
 def options_from_args(args: argparse.Namespace) -> SubmitOptions:
-    from servematrix.pipeline import STAGES
-
-    if args.max_tasks < 1:
-        raise InputError("--max-tasks must be at least 1")
-    if args.max_parallel is not None and args.max_parallel < 1:
-        raise InputError("--max-parallel must be at least 1")
-    if args.stages:
-        unknown = [s for s in args.stages.split(",") if s.strip() and s.strip() not in STAGES]
-        if unknown:
-            raise InputError(f"--stages {args.stages!r}: unknown stage(s) {unknown} (stages: {','.join(STAGES)})")
-    launcher = tuple(shlex.split(args.launcher)) if args.launcher else DEFAULT_LAUNCHER
-    if not launcher:
-        raise InputError("--launcher is empty")
+    """`servematrix submit`'s parsed and checked options (servematrix.options declares and checks them)."""
     cwd = Path.cwd()
     out = args.out or Path(".servematrix/slurm") / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     # Absolute, because the jobs resolve paths on other nodes; the matrix stays as given (resolved from
@@ -376,57 +293,9 @@ def options_from_args(args: argparse.Namespace) -> SubmitOptions:
         stages=args.stages,
         backend=args.backend,
         rerun=args.rerun,
-        launcher=launcher,
+        launcher=args.launcher or DEFAULT_LAUNCHER,
         max_tasks=args.max_tasks,
         max_parallel=args.max_parallel,
         sbatch_args=tuple(args.sbatch_args),
         report_out=(cwd / args.report_out).resolve() if args.report_out else None,
     )
-
-
-def _check_task_command(options: SubmitOptions) -> None:
-    """Parse one task's argv with the real `servematrix run` parser, so a bad --backend fails here, not in
-    every task of the array."""
-    from servematrix.cli import build_parser
-
-    argv = [str(w) for w in task_argv(options, "GPU", "1/1", str(options.out_dir / "check.sqlite"))]
-    try:
-        build_parser().parse_args(argv)
-    except SystemExit:
-        raise InputError(f"`servematrix {shlex.join(argv)}` is not a valid task command (see above)") from None
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    options = options_from_args(args)
-    _check_task_command(options)
-    try:
-        submission = submit(options, dry_run=args.dry_run)
-    except SlurmError as exc:
-        print(f"servematrix: {exc}", file=sys.stderr)
-        return 1
-    for array in submission.arrays:
-        gres = f"{array.gpus_per_task} GPU(s)" if array.gpus_per_task else "no GPU"
-        print(
-            f"{array.job_id or 'array'} {array.gpu}: {array.tasks} task(s), {array.cells} cell(s), {gres} and "
-            f"{array.time_minutes} min per task: {array.script}",
-            file=sys.stderr,
-        )
-    print(
-        f"{submission.merge_job_id or 'merge'}: merge into {options.store}: {submission.merge_script}", file=sys.stderr
-    )
-    if args.dry_run:
-        for command in submission.commands:
-            print(shlex.join(command))
-        return 0
-    print(" ".join(submission.job_ids))
-    if not args.wait:
-        return 0
-    assert submission.merge_job_id is not None
-    try:
-        wait(submission.job_ids, timeout_s=args.wait_timeout)
-    except SlurmError as exc:
-        print(f"servematrix: {exc}", file=sys.stderr)
-        return 1
-    state = job_state(submission.merge_job_id)
-    print(f"merge job {submission.merge_job_id}: {state or 'ended'}", file=sys.stderr)
-    return 0 if (state == "COMPLETED" or (state is None and options.store.is_file())) else 1

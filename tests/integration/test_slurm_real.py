@@ -7,7 +7,6 @@ environments and the tiny model are the ones the other integration tests use (th
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -18,8 +17,6 @@ from pathlib import Path
 import pytest
 
 from servematrix.cli import main
-from servematrix.errors import InputError
-from servematrix.slurm import add_submit_parser
 from servematrix.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -36,14 +33,8 @@ api = "chat"
 
 
 def submit(argv: list[str]) -> int:
-    """`servematrix submit ...` through the parser cli.py registers."""
-    parser = argparse.ArgumentParser(prog="servematrix")
-    add_submit_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["submit", *argv])
-    try:
-        return args.handler(args)
-    except InputError:
-        return 2
+    """`servematrix submit ...` as the command line runs it."""
+    return main(["submit", *argv])
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from servematrix.cli import build_parser
-from servematrix.errors import InputError
+from servematrix.cli import build_parser, main, parse_args
+from servematrix.options import OPTIONS
 from servematrix.plan import make_plan
-from servematrix.slurm import SlurmError, add_submit_parser, options_from_args, prepare, submit, wait
+from servematrix.slurm import SlurmError, options_from_args, prepare, submit, wait
 from servematrix.store import Store
 from tests.conftest import MATRIX, installed_tool
 
@@ -24,19 +24,16 @@ SMOKE = MATRIX / "cpu-smoke.toml"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="servematrix")
-    add_submit_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["submit", *argv])
+    """`servematrix submit ...`'s options, parsed and checked."""
+    return parse_args(["submit", *argv])
 
 
-def cli(argv: list[str]) -> int:
-    """As `servematrix submit ...` runs it (cli.main turns InputError into exit 2)."""
-    args = parse(argv)
+def cli(argv: list[str]) -> int | str | None:
+    """`servematrix submit ...`: its exit code, argparse's refusals included."""
     try:
-        return args.handler(args)
-    except InputError as exc:
-        print(f"servematrix: error: {exc}", file=sys.stderr)
-        return 2
+        return main(["submit", *argv])
+    except SystemExit as exc:
+        return exc.code
 
 
 def sbatch_line(script: str, option: str) -> str | None:
@@ -112,6 +109,30 @@ def test_the_tasks_run_every_cell_once_with_both_modes_of_an_environment_togethe
             seen += [c.id for c in cells]
     assert sorted(seen) == sorted(c.id for c in make_plan(GLM5, ["sglang>=0.5.10"]).cells)
     assert len(stores) == sum(a.tasks for a in submission.arrays)
+
+
+def test_every_option_submit_shares_with_run_reaches_every_task(tmp_path):
+    """Each option declared for both submit and run, given a value other than its default, is what the task's
+    own `servematrix run` parses (its --select with the task's GPU kind added, its --workdir absolute)."""
+    shared = [o for o in OPTIONS if {"run", "submit"} <= set(o.commands) and not o.positional]
+    given = {
+        "--select": ["--select", "mode=static", "--select", "torch>=2.9"],
+        "--stages": ["--stages", "serve,resolve"],
+        "--backend": ["--backend", "venv"],
+        "--workdir": ["--workdir", "elsewhere"],
+        "--rerun": ["--rerun"],
+    }
+    assert set(given) == {o.name for o in shared}
+    argv = [str(SMOKE), "--slurm", "--out", str(tmp_path / "o"), "--launcher", "printf '%s\\n'"]
+    submitted = parse([*argv, *(word for flags in given.values() for word in flags)])
+    (array,) = prepare(options_from_args(submitted)).arrays
+    task = parse_args(run_task(array.script, 0))
+    assert task.select == [*submitted.select, "gpu=cpu"]
+    assert task.workdir == Path.cwd() / "elsewhere"
+    for option in shared:
+        if option.name not in ("--select", "--workdir"):
+            assert getattr(task, option.attribute) == getattr(submitted, option.attribute), option.name
+    assert task.stages == ("resolve", "serve")
 
 
 def test_the_merge_script_merges_what_arrived_and_writes_the_table(tmp_path):
@@ -192,7 +213,7 @@ def test_sbatch_failures_are_reported(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--backend", "nonesuch"], "not a valid task command"),
+        (["--backend", "nonesuch"], "invalid choice: 'nonesuch'"),
         (["--stages", "serve,nap"], "unknown stage"),
         (["--max-tasks", "0"], "--max-tasks"),
         (["--select", "flavour=mint"], "unknown key"),

@@ -1,0 +1,662 @@
+"""Every option of the `servematrix` commands, declared once, as data (after nox's `_options.py`).
+
+An `Option` names its flags, help, default, type or choices, and the commands that take it. `add_options`
+adds a command's options to its parser from these declarations, so `run` and `submit --slurm` get the same
+`--backend` (its choices from the backend registry), `--stages`, `--workdir` and `--select`; `run` and
+`nix-export` the same `--lock-dir`; `run` and `report` the same `--store` and regression gate. Nothing else
+declares an option: `cli.build_parser` and `python -m servematrix.nixexport` both build from here.
+
+A value that needs more than argparse's own `type` (stage names, a launcher's words, NAME=URL pairs, a
+positive count) has a `check`, which `validate` runs once after parsing: its InputError is the user's one-line
+error and exit 2 (cli.main), where an error raised from an argparse `type` would print the usage as well.
+Values that need the matrix (`--select`, `--shard`) are checked where the plan is made (`plan.make_plan`).
+
+A flag that means something else in another command (`--out`, `--format`, `--python`) is another option,
+declared once for each meaning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servematrix.backends.registry import CHOICES as BACKENDS
+from servematrix.cells import DEFAULT_MAX_CELLS
+from servematrix.errors import InputError
+from servematrix.pipeline import STAGES
+from servematrix.plan import GITHUB_MAX_JOBS
+from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
+from servematrix.store import DEFAULT_STORE
+
+DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
+DEFAULT_WORKDIR = Path(".servematrix")
+# nix/envs.json, the export that flake.nix reads (nixexport.DEFAULT_OUT is this path).
+NIX_ENVS = Path("nix/envs.json")
+EXIT_REGRESSION = 3
+
+EPILOG = """\
+examples:
+  servematrix plan matrix/glm5-nvfp4.toml --select 'sglang>=0.5.10' --select mode=piecewise
+  servematrix plan matrix/glm5-nvfp4.toml --format github --max-jobs 64
+  servematrix plan matrix/cpu-smoke.toml --shard 1/2 --format json
+
+select expressions: KEY OP VALUE terms joined by commas, all of which must hold. Keys are the
+matrix axes (sglang, torch, flashinfer, cuda, gpu, ...), mode, engine, env and id (id prefixes).
+OP is = (exact; VALUE may be a|b), != or a version comparison (>=, <, ~=, ...):
+  --select 'sglang>=0.5.10,<0.5.14'   --select 'gpu=b200|rtx-pro-6000'   --select env=3fa9
+"""
+
+
+# ------------------------------------------------------------------------------------------------ checks
+# Each takes the option's name (for the message) and its parsed value, and returns the value to use.
+
+
+def stage_list(name: str, text: str) -> tuple[str, ...]:
+    """`resolve,serve` -> the named stages in pipeline order; unknown or no stage is an InputError."""
+    wanted = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [s for s in wanted if s not in STAGES]
+    if unknown or not wanted:
+        raise InputError(f"{name} {text!r}: unknown stage(s) {unknown} (stages: {','.join(STAGES)})")
+    return tuple(s for s in STAGES if s in wanted)
+
+
+def at_least_one(name: str, value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise InputError(f"{name} must be at least 1")
+    return value
+
+
+def command_words(name: str, text: str | None) -> tuple[str, ...] | None:
+    """A command line as the shell splits it: `srun --container-image=X servematrix` -> its words."""
+    if text is None:
+        return None
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as exc:  # an unclosed quote
+        raise InputError(f"{name} {text!r}: {exc}") from None
+    if not words:
+        raise InputError(f"{name} is empty")
+    return words
+
+
+def url_bases(name: str, texts: Sequence[str]) -> dict[str, str]:
+    """`NAME=URL` pairs -> {NAME: URL}."""
+    bases: dict[str, str] = {}
+    for text in texts:
+        base, sep, url = text.partition("=")
+        if not base or not sep or "://" not in url:
+            raise InputError(f"{name} {text!r}: expected NAME=URL")
+        bases[base] = url
+    return bases
+
+
+# ----------------------------------------------------------------------------------------- declarations
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """A subcommand: its one-line help in `servematrix --help`, and its own --help."""
+
+    name: str
+    help: str
+    description: str
+    epilog: str | None = None
+    # `submit` runs `servematrix run` in every task: the options it shares with that command are passed on,
+    # and its --help lists them in a group of their own.
+    passes_to: str | None = None
+
+    def parser_kwargs(self) -> dict[str, Any]:
+        if self.epilog is None:
+            return {"description": self.description}
+        # Raw, so the epilog's examples keep their lines.
+        return {
+            "description": self.description,
+            "epilog": self.epilog,
+            "formatter_class": argparse.RawDescriptionHelpFormatter,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One option (or positional argument) and every command that takes it, as argparse's add_argument
+    would be given it. Fields left None are left to argparse."""
+
+    flags: tuple[str, ...]  # a positional argument: its name alone
+    help: str
+    commands: tuple[str, ...]
+    dest: str | None = None
+    default: Any = None
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    action: str | None = None
+    nargs: str | None = None
+    metavar: str | None = None
+    required: bool = False
+    check: Callable[[str, Any], Any] | None = None
+
+    @property
+    def name(self) -> str:
+        """What messages call it: its first flag, or a positional argument's name."""
+        return self.flags[0]
+
+    @property
+    def attribute(self) -> str:
+        """Where argparse puts its value on the namespace."""
+        return self.dest or self.flags[0].lstrip("-").replace("-", "_")
+
+    @property
+    def positional(self) -> bool:
+        return not self.flags[0].startswith("-")
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> argparse.Action:
+        fields = {
+            "dest": self.dest,
+            "default": self.default,
+            "type": self.type,
+            "choices": self.choices,
+            "action": self.action,
+            "nargs": self.nargs,
+            "metavar": self.metavar,
+        }
+        kwargs: dict[str, Any] = {key: value for key, value in fields.items() if value is not None}
+        if self.action == "append":  # a fresh list per parser: argparse appends to a copy of the default
+            kwargs["default"] = list(self.default or ())
+        if self.required:
+            kwargs["required"] = True
+        return parser.add_argument(*self.flags, help=self.help, **kwargs)
+
+
+PLANNED = ("plan", "run", "lock", "submit")  # commands that plan a matrix
+SHARDED = ("plan", "run", "lock")
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        name="plan",
+        help="expand a matrix into cells and print them",
+        description="Expand a matrix into cells with stable ids and the exact server argv of each.",
+        epilog=EPILOG,
+    ),
+    Command(
+        name="run",
+        help="run the cells of a matrix through the stages and store the results",
+        description="Run cells through resolve → build → probe → serve → bench. Exit 0 when the harness "
+        "worked, even if cells failed (failures are data); 2 on bad input; 130 when interrupted. Cells whose "
+        "inputs are unchanged since a finished run are not run again (--rerun forces them).",
+        epilog=EPILOG,
+    ),
+    Command(
+        name="lock",
+        help="resolve a lock file per environment with uv",
+        description="Resolve each environment's requirements for its target Python and platform, with hashes. "
+        "status: resolved | unresolvable (the stack cannot be installed) | error (infrastructure; retried).",
+        epilog=EPILOG,
+    ),
+    Command(
+        name="report",
+        help="write the compatibility table, HTML page, plots and failure pages from a store",
+        description=f"Without --publish, a preview of the store's newest finished rows, into {PREVIEW_DIR}/ by "
+        f"default (nothing committed changes). With --publish, the store's rows are merged into the published "
+        f"results ({PUBLISHED_SITE / RECORD} by default: a cell's newer run replaces the older one, cells the "
+        "store lacks stay unless --prune) and the site is rendered from them. A missing or empty store, or one "
+        "with no finished row, is an error (exit 2).",
+    ),
+    Command(
+        name="recommend",
+        help="which stack to pick per GPU kind, and the nearest fix for each failing cell",
+        description="Per GPU kind: the stacks that passed on a GPU (fastest first), then those every CPU "
+        "pre-flight passed (a GPU run still decides); for each failing cell, the nearest cell that is not "
+        "failing and what differs. From a store, or from the published results.",
+    ),
+    Command(
+        name="merge",
+        help="merge shard stores into one (idempotent)",
+        description="Merge shard stores into one, all or nothing: every input is checked before the target "
+        "is touched, and rows the target has already are not added again.",
+    ),
+    Command(
+        name="tiny-model",
+        help="build the CPU engine's tiny random Llama into DIR",
+        description="Build a deterministic tiny Llama (byte-level BPE trained on built-in text, 2 layers, hidden "
+        "64) with no model hub. Needs torch, transformers and tokenizers in the interpreter given by --python.",
+    ),
+    Command(
+        name="classify",
+        help="name the failure cause in a server log",
+        description="Match a server log against the engine's failure signatures. JSON: "
+        "{class, title, line, excerpt}; class is null when nothing matches.",
+    ),
+    Command(
+        name="submit",
+        help="run a matrix on a Slurm cluster: a job array per GPU kind and a merge job",
+        description="Write and submit one Slurm job array per GPU kind (one task per group of environments, "
+        "GPUs and time limit from the spec, each task with its own store) and a merge job that runs after "
+        "all of them, merges the stores and writes the table. Scripts, task logs and stores go under --out.",
+        epilog=EPILOG,
+        passes_to="run",
+    ),
+    Command(
+        name="nix-export",
+        help=f"write {NIX_ENVS}, the locked environments with their exact wheels, for flake.nix",
+        description="Write the matrices' locked environments, with the exact wheel of every locked package, as "
+        "the JSON flake.nix reads. Needs the package index (uv is asked where each locked file lives); "
+        "--check needs nothing but the files.",
+    ),
+)
+
+OPTIONS: tuple[Option, ...] = (
+    # --- what to run: the matrix and which of its cells
+    Option(
+        flags=("matrix",),
+        type=Path,
+        nargs="?",
+        default=DEFAULT_MATRIX,
+        help=f"a matrix TOML file (default: {DEFAULT_MATRIX})",
+        commands=PLANNED,
+    ),
+    Option(
+        flags=("--select",),
+        action="append",
+        metavar="EXPR",
+        help="keep only cells matching EXPR (repeatable; all must hold)",
+        commands=PLANNED,
+    ),
+    Option(
+        flags=("--shard",),
+        metavar="I/N",
+        help="run the I-th of N stable shards (by environment)",
+        commands=SHARDED,
+    ),
+    Option(
+        flags=("--max-cells",),
+        type=int,
+        default=DEFAULT_MAX_CELLS,
+        metavar="N",
+        help=f"refuse a matrix of more than N cells, before expanding it (default: {DEFAULT_MAX_CELLS:,})",
+        commands=SHARDED,
+    ),
+    # --- plan
+    Option(
+        flags=("--format",),
+        choices=("table", "json", "github"),
+        default="table",
+        help="table (default), the contract JSON (a list of cells), or a GitHub Actions strategy.matrix",
+        commands=("plan",),
+    ),
+    Option(
+        flags=("--commands",),
+        action="store_true",
+        help="table format: print each cell's exact server argv below the table",
+        commands=("plan",),
+    ),
+    Option(
+        flags=("--max-jobs",),
+        type=int,
+        default=GITHUB_MAX_JOBS,
+        metavar="N",
+        help=f"github format: group cells into at most this many jobs (a workflow run takes {GITHUB_MAX_JOBS})",
+        check=at_least_one,
+        commands=("plan",),
+    ),
+    # --- run (and what submit passes to every task's run)
+    Option(
+        flags=("--stages",),
+        default=",".join(STAGES),
+        metavar="LIST",
+        help=f"comma-separated stages to run, in pipeline order (default: {','.join(STAGES)})",
+        check=stage_list,
+        commands=("run", "submit"),
+    ),
+    Option(
+        flags=("--backend",),
+        choices=BACKENDS,
+        default="auto",
+        help="where environments are built and servers run. auto: podman or docker when it can get its base "
+        "images, else venv (uv); nix: images from flake.nix; existing: build nothing, serve with --python",
+        commands=("run", "submit"),
+    ),
+    Option(
+        flags=("--python",),
+        metavar="PATH",
+        help="--backend existing: the interpreter whose installed packages serve every cell (default: this one); "
+        "a cell whose axis versions are not installed there is refused",
+        commands=("run",),
+    ),
+    Option(
+        flags=("--store",),
+        type=Path,
+        help=f"the SQLite result store (default: {DEFAULT_STORE})",
+        commands=("run", "report"),
+    ),
+    Option(
+        flags=("--workdir",),
+        type=Path,
+        default=DEFAULT_WORKDIR,
+        metavar="DIR",
+        help=f"environments, logs and built models (default: {DEFAULT_WORKDIR}); for submit, on a filesystem "
+        "the nodes share",
+        commands=("run", "submit"),
+    ),
+    Option(
+        flags=("--lock-dir",),
+        type=Path,
+        metavar="DIR",
+        help="where the lock files are: run writes them, nix-export reads them (default: locks/ beside each matrix)",
+        commands=("run", "nix-export"),
+    ),
+    Option(
+        flags=("--model-root",),
+        type=Path,
+        action="append",
+        metavar="DIR",
+        help="a directory besides the workdir where the matrix's built model may live (repeatable)",
+        commands=("run",),
+    ),
+    Option(
+        flags=("--rerun",),
+        action="store_true",
+        help="run cells again even if their inputs are unchanged",
+        commands=("run", "submit"),
+    ),
+    Option(
+        flags=("--trust-probe",),
+        action="store_true",
+        help="do not run GPU stages for cells the CPU probe predicts to fail (default: run them to check it)",
+        commands=("run",),
+    ),
+    Option(
+        flags=("--report",),
+        type=Path,
+        metavar="DIR_OR_FILE",
+        help="after the run, write a report of the store here: a directory, or the table's .md path (default: "
+        "none; a run never writes docs/, `servematrix report --publish` publishes)",
+        commands=("run",),
+    ),
+    Option(
+        flags=("--no-report",),
+        dest="report",
+        action="store_const",
+        help="write no report (the default)",
+        commands=("run",),
+    ),
+    # --- lock
+    Option(
+        flags=("--out",),
+        type=Path,
+        help="directory for lock files (default: locks/ beside the matrix)",
+        commands=("lock",),
+    ),
+    Option(
+        flags=("--format",),
+        choices=("table", "json"),
+        default="table",
+        help="table (default) or the contract JSON",
+        commands=("lock",),
+    ),
+    # --- report
+    Option(
+        flags=("--out",),
+        type=Path,
+        help=f"output directory (default: {PREVIEW_DIR}; with --publish, the published site {PUBLISHED_SITE})",
+        commands=("report",),
+    ),
+    Option(
+        flags=("--publish",),
+        action="store_true",
+        help=f"merge into the published results and render the site there (default {PUBLISHED_SITE}/)",
+        commands=("report",),
+    ),
+    Option(
+        flags=("--prune",),
+        action="store_true",
+        help="with --publish: remove published cells the store does not have (says how many)",
+        commands=("report",),
+    ),
+    Option(
+        flags=("--from-published",),
+        action="store_true",
+        help="with --publish: render the site again from the published results alone, no store (the docs build)",
+        commands=("report",),
+    ),
+    Option(
+        flags=("--baseline",),
+        type=Path,
+        help=f"published results to compare with (default: {PUBLISHED_SITE / RECORD}; when publishing, the "
+        "record being merged into)",
+        commands=("run", "report"),
+    ),
+    Option(
+        flags=("--fail-on-regression",),
+        action="store_true",
+        help=f"exit {EXIT_REGRESSION} when a cell regressed against the published results (for CI)",
+        commands=("run", "report"),
+    ),
+    # --- recommend
+    Option(
+        flags=("matrix",),
+        nargs="?",
+        type=Path,
+        help="only this matrix's cells (default: every matrix in the results)",
+        commands=("recommend",),
+    ),
+    Option(
+        flags=("--store",),
+        type=Path,
+        help=f"a result store (default: the published {PUBLISHED_SITE / RECORD})",
+        commands=("recommend",),
+    ),
+    # --- merge
+    Option(
+        flags=("out",),
+        type=Path,
+        metavar="OUT.sqlite",
+        help="the store to merge into (created if missing)",
+        commands=("merge",),
+    ),
+    Option(
+        flags=("inputs",),
+        type=Path,
+        nargs="+",
+        metavar="IN.sqlite",
+        help="shard stores to merge from",
+        commands=("merge",),
+    ),
+    # --- tiny-model
+    Option(
+        flags=("dir",),
+        type=Path,
+        help="where to write the model (config, weights, tokenizer)",
+        commands=("tiny-model",),
+    ),
+    Option(
+        flags=("--python",),
+        help="interpreter to build with (default: this one if it has torch, transformers and tokenizers, "
+        "else a uv-managed environment with them: `uv run --with ...`)",
+        commands=("tiny-model",),
+    ),
+    # --- classify (and recommend's output format)
+    Option(
+        flags=("logfile",),
+        type=Path,
+        help="a server log",
+        commands=("classify",),
+    ),
+    Option(
+        flags=("--engine",),
+        default="sglang",
+        help="whose failure signatures to match (default: sglang; or transformers)",
+        commands=("classify",),
+    ),
+    Option(
+        flags=("--format",),
+        choices=("text", "json"),
+        default="text",
+        help="text (default) or JSON",
+        commands=("recommend", "classify"),
+    ),
+    # --- submit --slurm
+    Option(
+        flags=("--slurm",),
+        action="store_true",
+        required=True,
+        help="submit to Slurm (the only scheduler)",
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--partition",),
+        metavar="P",
+        help="Slurm partition for every job (default: the cluster's)",
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--out",),
+        type=Path,
+        metavar="DIR",
+        help="scripts, task logs, shard stores and the merged results.sqlite; on a filesystem the nodes "
+        "share (default: .servematrix/slurm/TIMESTAMP)",
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--report-out",),
+        type=Path,
+        metavar="DIR",
+        help="where the merge job writes compatibility.md (default: --out)",
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--launcher",),
+        metavar="CMD",
+        help='how a node runs servematrix, e.g. "srun --container-image=IMAGE servematrix" for enroot/pyxis '
+        "(default: this interpreter, `python -m servematrix`)",
+        check=command_words,
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--max-tasks",),
+        type=int,
+        default=GITHUB_MAX_JOBS,
+        metavar="N",
+        help=f"at most this many tasks in all (default: {GITHUB_MAX_JOBS})",
+        check=at_least_one,
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--max-parallel",),
+        type=int,
+        metavar="N",
+        help="run at most N tasks of an array at once",
+        check=at_least_one,
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--sbatch-arg",),
+        dest="sbatch_args",
+        action="append",
+        metavar="ARG",
+        help="extra sbatch option for every job, e.g. --sbatch-arg=--account=gpu (repeatable)",
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--dry-run",),
+        action="store_true",
+        help="write the scripts and print the sbatch commands only",
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--wait",),
+        action="store_true",
+        help="return when the merge job has ended; exit 1 unless it completed",
+        commands=("submit",),
+    ),
+    Option(
+        flags=("--wait-timeout",),
+        type=float,
+        metavar="S",
+        help="give up waiting after S seconds",
+        commands=("submit",),
+    ),
+    # --- nix-export
+    Option(
+        flags=("matrices",),
+        type=Path,
+        nargs="*",
+        metavar="MATRIX",
+        help="matrix TOML files (default: matrix/*.toml under --root)",
+        commands=("nix-export",),
+    ),
+    Option(
+        flags=("--out",),
+        type=Path,
+        default=NIX_ENVS,
+        help=f"the JSON to write, or to check (default: {NIX_ENVS})",
+        commands=("nix-export",),
+    ),
+    Option(
+        flags=("--wheel-base",),
+        dest="bases",
+        action="append",
+        metavar="NAME=URL",
+        help="name a URL prefix that wheels are fetched from; the URL itself is never written out (repeatable)",
+        check=url_bases,
+        commands=("nix-export",),
+    ),
+    Option(
+        flags=("--root",),
+        type=Path,
+        default=Path("."),
+        help="the repository root (default: .)",
+        commands=("nix-export",),
+    ),
+    Option(
+        flags=("--uv",),
+        default="uv",
+        metavar="PATH",
+        help="the uv that is asked where each locked wheel lives (default: uv on PATH)",
+        commands=("nix-export",),
+    ),
+    Option(
+        flags=("--check",),
+        action="store_true",
+        help="compare --out with the locks, offline; exit 1 if stale",
+        commands=("nix-export",),
+    ),
+)
+
+COMMAND = {command.name: command for command in COMMANDS}
+
+
+def options_of(command: str) -> tuple[Option, ...]:
+    """The options `command` takes, in declaration order (its --help lists them so)."""
+    return tuple(option for option in OPTIONS if command in option.commands)
+
+
+def add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add `command`'s options to its parser. A command that passes options on to another (submit: run) lists
+    those in a group named for it."""
+    target = COMMAND[command].passes_to
+    passed = parser.add_argument_group(f"passed to every task's `servematrix {target}`") if target is not None else None
+    for option in options_of(command):
+        if passed is not None and target in option.commands and not option.positional:
+            option.add_to(passed)
+        else:
+            option.add_to(parser)
+
+
+def command_parser(command: str, *, prog: str) -> argparse.ArgumentParser:
+    """A parser for one command alone (`python -m servematrix.nixexport` is `servematrix nix-export`)."""
+    parser = argparse.ArgumentParser(prog=prog, **COMMAND[command].parser_kwargs())
+    add_options(parser, command)
+    parser.set_defaults(command=command)
+    return parser
+
+
+def validate(args: argparse.Namespace) -> argparse.Namespace:
+    """Run the checks of `args.command`'s options on the parsed values, once, and keep what they return.
+    An InputError names the option."""
+    for option in options_of(args.command):
+        if option.check is not None:
+            setattr(args, option.attribute, option.check(option.name, getattr(args, option.attribute)))
+    return args
