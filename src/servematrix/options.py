@@ -27,9 +27,9 @@ from typing import Any
 from servematrix.backends.registry import CHOICES as BACKENDS
 from servematrix.cells import DEFAULT_MAX_CELLS
 from servematrix.errors import InputError
-from servematrix.pipeline import STAGES
 from servematrix.plan import GITHUB_MAX_JOBS
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
+from servematrix.stages import STAGES
 from servematrix.store import DEFAULT_STORE
 
 DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")

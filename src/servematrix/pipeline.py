@@ -40,16 +40,12 @@ from servematrix.redact import (
     redact_argv,
     spec_secret_flags,
 )
-from servematrix.stages import bench, build, importcheck, serve
+from servematrix.stages import CPU_STAGES, STAGES, bench, build, importcheck, serve
 from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store import DEFAULT_STORE, Store
 from servematrix.store import now as store_now
 from servematrix.verdict import Verdict
 
-STAGES = ("resolve", "import", "build", "probe", "serve", "bench")
-# Run anywhere; the others need the cell's GPUs. The import check runs only where the GPU stages cannot:
-# on a GPU host, serving the environment decides the same thing.
-CPU_STAGES = ("resolve", "import", "probe")
 CPU_SMOKE = "matrix/cpu-smoke.toml"
 # The project's own servematrix directory: built models may live there even when --workdir is elsewhere.
 PROJECT_DIR = Path(".servematrix")

@@ -28,8 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from servematrix.errors import InputError
-from servematrix.pipeline import STAGES
 from servematrix.plan import GITHUB_MAX_JOBS, github_matrix, make_plan
+from servematrix.stages import STAGES
 
 MERGE_TIME_MINUTES = 30
 # `servematrix` as this interpreter runs it; a compute node without it takes --launcher instead.

@@ -16,7 +16,7 @@ import pytest
 from servematrix import nixexport, options
 from servematrix.backends.registry import CHOICES
 from servematrix.cli import HANDLERS, build_parser, main, parse_args
-from servematrix.pipeline import STAGES
+from servematrix.stages import STAGES
 from tests.conftest import MATRIX, REPO
 
 SMOKE = MATRIX / "cpu-smoke.toml"
