@@ -266,6 +266,13 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from servematrix.spec import matrix_json_schema
+
+    print(json.dumps(matrix_json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from servematrix.engines import load_engine
     from servematrix.models import ModelBuildError, ensure_model
@@ -373,6 +380,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": cmd_report,
     "recommend": cmd_recommend,
     "merge": cmd_merge,
+    "schema": cmd_schema,
     "tiny-model": cmd_tiny_model,
     "classify": cmd_classify,
     "submit": cmd_submit,

@@ -218,6 +218,13 @@ COMMANDS: tuple[Command, ...] = (
         "is touched, and rows the target has already are not added again.",
     ),
     Command(
+        name="schema",
+        help="print the JSON schema of a matrix file, for editors",
+        description="Print the JSON schema of a matrix file (what `plan` validates, less the checks that need "
+        "the engine's data). Editors that read TOML with a schema use it: taplo or VS Code's Even Better TOML "
+        "(`#:schema ./schema.json` on a matrix's first line). matrix/schema.json is this output.",
+    ),
+    Command(
         name="tiny-model",
         help="build the CPU engine's tiny random Llama into DIR",
         description="Build a deterministic tiny Llama (byte-level BPE trained on built-in text, 2 layers, hidden "

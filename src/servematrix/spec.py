@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -118,6 +118,17 @@ class SpecFile(_Strict):
     gpu: dict[str, GpuKind]
     cuda: dict[str, CudaKind] = {}
     bench: BenchSpec
+
+
+def matrix_json_schema() -> dict[str, Any]:
+    """The JSON schema of a matrix file, for editors (`servematrix schema`; matrix/schema.json is its output)."""
+    schema = SpecFile.model_json_schema()
+    schema["title"] = "servematrix matrix"
+    schema["description"] = (
+        "A servematrix matrix file: version axes, rules, server arguments, GPU kinds and the benchmark workload. "
+        "Engine-dependent checks (axis names, versions, modes) are made by `servematrix plan`."
+    )
+    return schema
 
 
 class Rule(BaseModel):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import tomllib
+
 import pytest
 
 from servematrix.cli import main
 from servematrix.errors import InputError
 from servematrix.spec import load_spec
-from tests.conftest import MATRIX, SMALL_SGLANG
+from tests.conftest import MATRIX, REPO, SMALL_SGLANG
 
 
 def _error(write_matrix, text: str) -> InputError:
@@ -207,3 +210,26 @@ def test_ordinary_names_are_accepted():
         assert NAME.match(name)
     for name in ("", "-b200", ".hidden", "a b", "a/b", "<b>", "a;b", "ä100"):
         assert not NAME.match(name)
+
+
+def test_the_committed_matrix_schema_is_the_one_servematrix_prints(capsys):
+    # matrix/schema.json is generated (`servematrix schema > matrix/schema.json`): it must not drift.
+    from servematrix.cli import main
+
+    assert main(["schema"]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed) == json.loads((REPO / "matrix" / "schema.json").read_text()), (
+        "regenerate: servematrix schema > matrix/schema.json"
+    )
+
+
+def test_every_committed_matrix_meets_the_schema_and_a_typo_does_not():
+    import jsonschema
+
+    schema = json.loads((REPO / "matrix" / "schema.json").read_text())
+    for matrix in sorted((REPO / "matrix").glob("*.toml")):
+        jsonschema.validate(tomllib.loads(matrix.read_text()), schema)
+    broken = tomllib.loads((REPO / "matrix" / "cpu-smoke.toml").read_text())
+    broken["bench"]["concurency"] = [1]
+    with pytest.raises(jsonschema.ValidationError, match="concurency"):
+        jsonschema.validate(broken, schema)
