@@ -32,9 +32,10 @@ import psutil
 
 from servematrix import redact
 from servematrix.errors import InputError
+from servematrix.util import DEFAULT_WORKDIR
 from servematrix.verdict import Verdict
 
-DEFAULT_STORE = Path(".servematrix/results.sqlite")
+DEFAULT_STORE = DEFAULT_WORKDIR / "results.sqlite"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cell_runs (

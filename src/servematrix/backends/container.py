@@ -57,7 +57,7 @@ EXTRA_CA_ENV = "SERVEMATRIX_EXTRA_CA_BUNDLE"
 BASE_IMAGE_ENV = "SERVEMATRIX_BASE_IMAGE"
 
 _STEP = re.compile(r"^(STEP \d+/\d+: |Step \d+/\d+ : |#\d+ \[[^\]]*\d+/\d+\] )")
-_EXCERPT_LINES = 40
+EXCERPT_LINES = 40  # of a failed build's log, in a verdict
 _EXCERPT_WIDTH = 400
 
 
@@ -193,7 +193,7 @@ class ContainerBackend:
             return Built(
                 ok=True,
                 env_id=request.env_id,
-                image_digest=_image_id(existing),
+                image_digest=image_id(existing),
                 lock_hash=request.lock_hash or "",
                 installed=installed,
                 cached=True,
@@ -217,7 +217,7 @@ class ContainerBackend:
         return Built(
             ok=True,
             env_id=request.env_id,
-            image_digest=_image_id(built),
+            image_digest=image_id(built),
             lock_hash=request.lock_hash or "",
             installed=installed,
             seconds=time.monotonic() - started,
@@ -378,8 +378,8 @@ def build_excerpt(log: str) -> str:
     lines = log.splitlines()
     start = max((i for i, line in enumerate(lines) if _STEP.match(line)), default=0)
     step = [line if len(line) <= _EXCERPT_WIDTH else line[:_EXCERPT_WIDTH] + " …" for line in lines[start:]]
-    if len(step) > _EXCERPT_LINES:
-        step = [step[0], f"… ({len(step) - _EXCERPT_LINES + 1} lines elided)", *step[-(_EXCERPT_LINES - 2) :]]
+    if len(step) > EXCERPT_LINES:
+        step = [step[0], f"… ({len(step) - EXCERPT_LINES + 1} lines elided)", *step[-(EXCERPT_LINES - 2) :]]
     return "\n".join(step)
 
 
@@ -409,7 +409,7 @@ def _labels(inspected: Mapping[str, Any]) -> dict[str, str]:
     return dict(config.get("Labels") or inspected.get("Labels") or {})
 
 
-def _image_id(inspected: Mapping[str, Any]) -> str:
+def image_id(inspected: Mapping[str, Any]) -> str:
     """podman reports the bare hex ID, docker `sha256:<hex>`: record and run both as `sha256:<hex>`."""
     ident = str(inspected["Id"])
     return ident if ident.startswith("sha256:") else f"sha256:{ident}"

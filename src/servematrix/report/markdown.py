@@ -25,6 +25,8 @@ from servematrix.redact import secret_variable
 from servematrix.report.escape import code, is_slug, text
 from servematrix.stages import bench
 from servematrix.store import Row
+from servematrix.util import atomic_write
+from servematrix.verdict import RETRY_KINDS
 
 if TYPE_CHECKING:
     from servematrix.report.regressions import Regression
@@ -151,7 +153,7 @@ def no_speedup(first: Row | None, second: Row | None) -> str:
         return "predicted"
     if fk == "predicted-fail":
         return "first-predicted"
-    if kinds & {"error", "interrupted"}:
+    if kinds & RETRY_KINDS:
         return "error"
     if sk == "skipped":
         return SKIP_REASONS.get(sd, "skipped")
@@ -366,8 +368,4 @@ def last_line(excerpt: str, limit: int = 200) -> str:
 
 
 def write(rows: Sequence[Row], out: Path, title: str = "Compatibility", extras: Extras = NO_EXTRAS) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(render(rows, title, extras), encoding="utf-8")
-    tmp.replace(out)  # never a half-written table
-    return out
+    return atomic_write(out, render(rows, title, extras))  # never a half-written table

@@ -6,6 +6,7 @@ nothing changes no file in the docs.
 
 from __future__ import annotations
 
+import io
 import statistics
 import textwrap
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from servematrix.report.escape import slug
 from servematrix.report.markdown import NO_SPEEDUP, no_speedup, no_speedup_text, speedup, version_key
 from servematrix.report.regressions import spreads
 from servematrix.store import Row
+from servematrix.util import atomic_write
 
 # The heatmap's second axis per engine: the one whose choice decides the second mode's fate (for sglang the
 # flashinfer version, not torch). Engines not listed use their second version axis.
@@ -285,7 +287,7 @@ def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
 
 
 def _save(fig: plt.Figure, path: Path) -> None:
-    tmp = path.with_suffix(".tmp.svg")
-    fig.savefig(tmp, format="svg", bbox_inches="tight", metadata={"Date": None})
+    svg = io.BytesIO()
+    fig.savefig(svg, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
-    tmp.replace(path)
+    atomic_write(path, svg.getvalue())
