@@ -122,6 +122,7 @@ _MESSAGES = {
     "dict_type": "expected a table",
     "tuple_type": "expected a list",
     "list_type": "expected a list",
+    "literal_error": "must be {expected}, got {input!r}",
 }
 
 
@@ -131,7 +132,7 @@ def validation_message(error: Any) -> str:
         return str(error["ctx"]["error"])
     template = _MESSAGES.get(error.get("type", ""))
     if template is not None:
-        return template.format(input=error.get("input"))
+        return template.format(input=error.get("input"), **error.get("ctx", {}))
     return str(error.get("msg", "invalid value"))
 
 

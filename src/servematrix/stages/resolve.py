@@ -39,6 +39,7 @@ from servematrix.lockfile import (
     render_header,
 )
 from servematrix.util import Captured, atomic_write, run_captured, uv_env
+from servematrix.verdict import harness_faults
 
 __all__ = [
     "ReleasePinsError",
@@ -220,59 +221,6 @@ def lock_header(req: ResolveRequest, *, crossed: Mapping[str, Mapping[str, str]]
 
 # --------------------------------------------------------------------------------- failure classification
 
-# Infrastructure first: whatever else the text says, a run that touched any of these did not get a fair
-# answer from the index. Patterns are deliberately specific ("timed out", not "timeout") because package
-# names such as async-timeout appear in resolver explanations.
-_NETWORK_PATTERNS = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"\bfailed to fetch\b",
-        r"\bfailed to download\b",
-        r"\berror sending request\b",
-        r"\brequest failed after \d+ retr",
-        r"\bconnection (?:refused|reset|closed|aborted)\b",
-        r"\btcp connect error\b",
-        r"\bdns error\b",
-        r"\bfailed to lookup address\b",
-        r"\bname or service not known\b",
-        r"\btemporary failure in name resolution\b",
-        r"\bno address associated with hostname\b",
-        r"\bnetwork is unreachable\b",
-        r"\bno route to host\b",
-        r"\btimed out\b",
-        r"\bnetwork timeout\b",
-        r"\bdeadline has elapsed\b",
-        r"\bHTTP status server error\b",
-        r"\b(?:500 Internal Server Error|502 Bad Gateway|503 Service Unavailable|504 Gateway Timeout)\b",
-        r"\bcertificate verify failed\b",
-        r"\binvalid peer certificate\b",
-        r"\bunexpected end of file\b",
-        r"\bbroken pipe\b",
-    )
-)
-
-# `--offline` could not answer from uv's cache: says nothing about the versions.
-_OFFLINE_MISS_PATTERNS = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"was not found in the cache",
-        r"network was disabled",
-        r"\bnetwork connectivity is disabled\b",
-    )
-)
-
-_CONFLICT_PATTERNS = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"\bno solution found\b",
-        r"\bunsatisfiable\b",
-        r"\bno wheels with a matching platform tag\b",
-        r"\bno version of\b",
-        r"\bwas not found in the package registry\b",
-        r"\bthere is no version of\b",
-    )
-)
-
 
 def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
@@ -310,12 +258,14 @@ def trim_reason(stderr: str, *, max_lines: int = _MAX_REASON_LINES) -> str:
 
 
 def _failure_kind(stderr: str) -> Literal["network", "offline-miss", "conflict", "other"]:
+    """Which kind of failure uv's stderr shows, by the patterns of data/harness_faults.toml [resolve]."""
     text = _strip_ansi(stderr)
-    if any(p.search(text) for p in _NETWORK_PATTERNS):
+    rules = harness_faults().resolve
+    if any(p.search(text) for p in rules.network_patterns):
         return "network"
-    if any(p.search(text) for p in _OFFLINE_MISS_PATTERNS):
+    if any(p.search(text) for p in rules.offline_miss_patterns):
         return "offline-miss"
-    if any(p.search(text) for p in _CONFLICT_PATTERNS):
+    if any(p.search(text) for p in rules.conflict_patterns):
         return "conflict"
     return "other"
 
