@@ -28,12 +28,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator
 
 from servematrix import tomlsource
 from servematrix.errors import InputError, Location
 from servematrix.redact import redact
-from servematrix.tomlsource import TomlSource
+from servematrix.tomlsource import DataTable, TomlSource
 from servematrix.tracebacks import TracebackReader
 
 SCHEMA = 1
@@ -102,11 +102,7 @@ Text = Annotated[str, BeforeValidator(_text)]
 Regex = Annotated[re.Pattern[str], BeforeValidator(_regex)]
 
 
-class _Data(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Evidence(_Data):
+class Evidence(DataTable):
     label: Text
     patterns: tuple[Regex, ...]
 
@@ -118,7 +114,7 @@ class Evidence(_Data):
         return patterns
 
 
-class Signature(_Data):
+class Signature(DataTable):
     id: Name
     title: Text
     explanation: Text
@@ -131,7 +127,7 @@ class Signature(_Data):
     harness_assigned: StrictBool = False
 
 
-class SignatureFile(_Data):
+class SignatureFile(DataTable):
     schema_version: Annotated[int, BeforeValidator(_schema)] = Field(alias="schema")
     engine: Name | None = None  # default: the engine asked for, or the file's stem
     signature: tuple[Signature, ...]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servematrix.errors import InputError, Location
 
@@ -95,6 +95,12 @@ def parse(raw: bytes, path: Path | str) -> TomlSource:
     source = TomlSource(path=path, text=text, data=data)
     _index_lines(source)
     return source
+
+
+class DataTable(BaseModel):
+    """A table of a data file: unknown keys are mistakes, and the values are read, never changed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 Model = TypeVar("Model", bound=BaseModel)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, Field
 
 from servematrix import tomlsource
+from servematrix.tomlsource import DataTable
 
 # Verdicts that say nothing about the stack: the cell runs again next time.
 RETRY_KINDS = frozenset({"error", "interrupted"})
@@ -73,27 +74,23 @@ def _patterns(raw: Any) -> tuple[re.Pattern[str], ...]:
 Patterns = Annotated[tuple[re.Pattern[str], ...], BeforeValidator(_patterns)]
 
 
-class _Data(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServeFaults(_Data):
+class ServeFaults(DataTable):
     harness_port_classes: frozenset[str]
     harness_port_fault: str
 
 
-class BuildFaults(_Data):
+class BuildFaults(DataTable):
     network_fault: str
     network_patterns: Patterns
 
 
-class ResolveFaults(_Data):
+class ResolveFaults(DataTable):
     network_patterns: Patterns
     offline_miss_patterns: Patterns
     conflict_patterns: Patterns
 
 
-class HarnessFaults(_Data):
+class HarnessFaults(DataTable):
     """What turns a failure into `error:<fault>` (data/harness_faults.toml)."""
 
     schema_version: Literal[1] = Field(alias="schema")

@@ -435,36 +435,6 @@ def test_a_valid_toy_file_loads(tmp_path):
         ('label = "ev"', 'lable = "ev"', "signature[1].evidence[0].lable", 23, "unknown key"),
         ("schema = 1", "schema = 2", "schema", 1, "schema must be 1"),
         ('engine = "toy"', 'engine = "other"', "engine", 2, "expected 'toy'"),
-    ],
-)
-def test_malformed_data_names_file_line_and_key(tmp_path, old, new, key, line, message):
-    assert old in GOOD
-    path = tmp_path / "toy.toml"
-    path.write_text(GOOD.replace(old, new, 1))
-    with pytest.raises(SignatureDataError) as info:
-        if key == "engine":
-            parse_signatures(path.read_text(), source=str(path), engine="toy")
-        else:
-            load_signatures_file(path)
-    text = str(info.value)
-    assert text.startswith(f"{path}:{line}: {key}: "), text
-    assert message in text
-
-
-def test_harness_assigned_signature_must_have_no_patterns():
-    data = GOOD.replace("priority = 10", "priority = 10\nharness_assigned = true", 1)
-    with pytest.raises(SignatureDataError, match=r"signature\[0\]\.patterns: a harness-assigned"):
-        parse_signatures(data, source="toy.toml")
-
-
-def test_invalid_toml_names_the_line():
-    with pytest.raises(SignatureDataError, match=r"^toy\.toml:3: invalid TOML"):
-        parse_signatures('schema = 1\nengine = "toy"\n[[signature]\n', source="toy.toml")
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "key", "line", "message"),
-    [
         # The second signature's evidence: the locator follows [[signature.evidence]] into its signature.
         (
             'patterns = ["EVIDENCE"]',
@@ -484,16 +454,30 @@ def test_invalid_toml_names_the_line():
         ('engine = "toy"', 'engine = "Toy"', "engine", 2, "lowercase"),
     ],
 )
-def test_more_malformed_data_names_file_line_and_key(tmp_path, old, new, key, line, message):
+def test_malformed_data_names_file_line_and_key(tmp_path, old, new, key, line, message):
     assert old in GOOD
     path = tmp_path / "toy.toml"
     path.write_text(GOOD.replace(old, new, 1))
     with pytest.raises(SignatureDataError) as info:
-        load_signatures_file(path)
+        if key == "engine":
+            parse_signatures(path.read_text(), source=str(path), engine="toy")
+        else:
+            load_signatures_file(path)
     assert isinstance(info.value, InputError)
     text = str(info.value)
     assert text.startswith(f"{path}:{line}: {key}: "), text
     assert message in text
+
+
+def test_harness_assigned_signature_must_have_no_patterns():
+    data = GOOD.replace("priority = 10", "priority = 10\nharness_assigned = true", 1)
+    with pytest.raises(SignatureDataError, match=r"signature\[0\]\.patterns: a harness-assigned"):
+        parse_signatures(data, source="toy.toml")
+
+
+def test_invalid_toml_names_the_line():
+    with pytest.raises(SignatureDataError, match=r"^toy\.toml:3: invalid TOML"):
+        parse_signatures('schema = 1\nengine = "toy"\n[[signature]\n', source="toy.toml")
 
 
 def test_a_signature_file_that_is_not_utf8_names_the_line(tmp_path):

@@ -180,25 +180,26 @@ class ContainerBackend:
             return Built(ok=False, env_id=request.env_id, excerpt=excerpt, seconds=time.monotonic() - started)
 
         if request.lockfile is None:
-            return failed(
-                f"the {self.tool} backend builds images from a hashed lock only: run the resolve stage "
-                "(--stages resolve,build,...) or use --backend venv"
-            )
+            return failed(lock_required(self.tool))
         tag = self.image_tag(request)
         lock_text = request.lockfile.read_text(encoding="utf-8")
         installed = parse_pins(lock_text)
         recipe = self.recipe(request)
-        existing = self.inspect(tag)
-        if existing is not None and _labels(existing).get(f"{LABEL}.recipe") == recipe:
+
+        def image(inspected: Mapping[str, Any], *, cached: bool = False) -> Built:
             return Built(
                 ok=True,
                 env_id=request.env_id,
-                image_digest=image_id(existing),
+                image_digest=image_id(inspected),
                 lock_hash=request.lock_hash or "",
                 installed=installed,
-                cached=True,
+                cached=cached,
                 seconds=time.monotonic() - started,
             )
+
+        existing = self.inspect(tag)
+        if existing is not None and _labels(existing).get(f"{LABEL}.recipe") == recipe:
+            return image(existing, cached=True)
         context = self._context(request, lock_text)
         argv = self.build_argv(request, context)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,14 +215,7 @@ class ContainerBackend:
         built = self.inspect(tag)
         if built is None:
             return failed(f"{self.tool} build succeeded but {tag} cannot be inspected")
-        return Built(
-            ok=True,
-            env_id=request.env_id,
-            image_digest=image_id(built),
-            lock_hash=request.lock_hash or "",
-            installed=installed,
-            seconds=time.monotonic() - started,
-        )
+        return image(built)
 
     def _context(self, request: BuildInput, lock_text: str) -> Path:
         """A build context of exactly the two files the Dockerfile copies: nothing else reaches the daemon."""
@@ -364,6 +358,14 @@ class ContainerBackend:
 def default_dockerfile() -> Path:
     """containers/Dockerfile: the installed package's copy, or the checkout's (an editable install)."""
     return resource("dockerfile")
+
+
+def lock_required(backend: str) -> str:
+    """Why an image backend refuses an environment without a lock."""
+    return (
+        f"the {backend} backend builds images from a hashed lock only: run the resolve stage "
+        "(--stages resolve,build,...) or use --backend venv"
+    )
 
 
 def container_name(argv: Sequence[str]) -> str | None:

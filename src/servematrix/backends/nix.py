@@ -35,6 +35,7 @@ from servematrix.backends.container import (
     EnvTarget,
     Tool,
     image_id,
+    lock_required,
     targets_from_plan,
 )
 from servematrix.lockfile import parse_pins
@@ -131,10 +132,7 @@ class NixBackend:
             return Built(ok=False, env_id=request.env_id, excerpt=excerpt, seconds=time.monotonic() - started)
 
         if request.lockfile is None:
-            return failed(
-                "the nix backend builds images from a hashed lock only: run the resolve stage "
-                "(--stages resolve,build,...) or use --backend venv"
-            )
+            return failed(lock_required(self.name))
         entry = self.environments().get(request.env_id)
         lock_bytes = request.lockfile.read_bytes()
         if entry is None:
