@@ -334,10 +334,6 @@ class Store:
         cursor = db.execute(f"SELECT {', '.join(COLUMNS)} FROM cell_runs {where}", params)
         return [Row(values=_decode(dict(zip(COLUMNS, r, strict=True)))) for r in cursor.fetchall()]
 
-    def merge_from(self, other: Path) -> int:
-        """Copy rows of another store; rows already present (same run and cell) are kept as they are."""
-        return self.merge([other])[0]
-
     def merge(self, inputs: Sequence[Path]) -> list[int]:
         """Copy the rows of every input in one transaction: all of them, or (on any error) none.
 

@@ -349,9 +349,9 @@ def pins_cache(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _fresh_uv_version():
-    rs._uv_version_cached.cache_clear()
+    rs._uv_version.cache_clear()
     yield
-    rs._uv_version_cached.cache_clear()
+    rs._uv_version.cache_clear()
 
 
 def _resolve(tmp_path, pins_cache, req=None, **kw):

@@ -297,15 +297,11 @@ def _run_uv(argv: list[str], *, cwd: Path, timeout_s: float) -> Captured:
 
 
 @functools.lru_cache(maxsize=8)
-def _uv_version_cached(uv: str) -> str:
+def _uv_version(uv: str) -> str:
     run = _run_uv([uv, "--version"], cwd=Path.cwd(), timeout_s=60)
     # "uv 0.13.9 (x86_64-unknown-linux-gnu)": the build triple is the machine's, not the lock's.
     words = run.stdout.split()
     return " ".join(words[:2]) if run.returncode == 0 and words else "uv (unknown version)"
-
-
-def _uv_version(uv: str) -> str:
-    return _uv_version_cached(uv)
 
 
 def _attempts(offline_first: bool) -> tuple[bool, ...]:
