@@ -15,21 +15,25 @@ first LINE_SCAN_MAX characters of a line are scanned, and a match's evidence say
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import re
+import string
 import sys
-import tomllib
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from re import _constants as sre_constants  # type: ignore[attr-defined]
-from re import _parser as sre_parser  # type: ignore[attr-defined]
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator
+
+from servematrix import tomlsource
 from servematrix.errors import InputError, Location
 from servematrix.redact import redact
+from servematrix.tomlsource import DataTable, TomlSource
 from servematrix.tracebacks import TracebackReader
 
 SCHEMA = 1
@@ -49,53 +53,84 @@ READ_CHUNK = 64 * 1024
 
 _ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column \d+\)")
 # Shorter required literals ("a", ": ") occur in most lines and would not filter anything.
 MIN_LITERAL_LEN = 3
-
-_TOP_KEYS = {"schema", "engine", "signature"}
-_SIGNATURE_KEYS = {
-    "id",
-    "title",
-    "explanation",
-    "workaround",
-    "fatal",
-    "priority",
-    "patterns",
-    "evidence",
-    "harness_assigned",
-}
-_EVIDENCE_KEYS = {"label", "patterns"}
 
 
 class SignatureDataError(InputError):
     """A signature data file is missing or malformed; the message names the file, line and key."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Evidence:
-    label: str
-    patterns: tuple[re.Pattern[str], ...]
-
-    def search(self, line: str) -> bool:
-        return any(pattern.search(line) for pattern in self.patterns)
+# ---- the data file's schema ------------------------------------------------------------------------
+# pydantic, unknown keys forbidden, errors located by tomlsource; the checks that span keys (engine,
+# harness-assigned classes, unique ids) are in _signatures.
 
 
-@dataclass(frozen=True, kw_only=True)
-class Signature:
-    id: str
-    title: str
-    explanation: str
-    workaround: str
-    fatal: bool
-    priority: int
-    patterns: tuple[re.Pattern[str], ...]
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ValueError(f"must be lowercase words joined by '-', got {value!r}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _regex(value: Any) -> re.Pattern[str]:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty regex string, got {value!r}")
+    try:
+        regex = re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {value!r}: {exc}") from None
+    # Such a pattern would match every line of every log.
+    if regex.search("") is not None:
+        raise ValueError(f"regex {value!r} matches an empty line")
+    return regex
+
+
+def _schema(value: Any) -> int:
+    if value != SCHEMA or isinstance(value, bool):
+        raise ValueError(f"schema must be {SCHEMA}, got {value!r}")
+    return SCHEMA
+
+
+Name = Annotated[str, BeforeValidator(_name)]
+Text = Annotated[str, BeforeValidator(_text)]
+Regex = Annotated[re.Pattern[str], BeforeValidator(_regex)]
+
+
+class Evidence(DataTable):
+    label: Text
+    patterns: tuple[Regex, ...]
+
+    @field_validator("patterns")
+    @classmethod
+    def _not_empty(cls, patterns: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:
+        if not patterns:
+            raise ValueError("needs at least one pattern")
+        return patterns
+
+
+class Signature(DataTable):
+    id: Name
+    title: Text
+    explanation: Text
+    workaround: Text
+    fatal: StrictBool
+    priority: StrictInt
+    patterns: tuple[Regex, ...]
     evidence: tuple[Evidence, ...] = ()
     # Assigned by the harness from outside the log (server-timeout); such a signature has no patterns.
-    harness_assigned: bool = False
+    harness_assigned: StrictBool = False
 
-    def search(self, line: str) -> bool:
-        return any(pattern.search(line) for pattern in self.patterns)
+
+class SignatureFile(DataTable):
+    schema_version: Annotated[int, BeforeValidator(_schema)] = Field(alias="schema")
+    engine: Name | None = None  # default: the engine asked for, or the file's stem
+    signature: tuple[Signature, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,195 +197,57 @@ def load_signatures(engine: str) -> Signatures:
         if engine not in available_engines():
             raise SignatureDataError(f"no failure signatures for engine {engine!r}", Location(file=shown))
         return Signatures(engine=engine, source=shown, signatures=(), prefilter=Prefilter(()))
-    return parse_signatures(resource.read_text(encoding="utf-8"), source=shown, engine=engine)
+    with _signature_errors():
+        return _signatures(tomlsource.parse(resource.read_bytes(), shown), engine=engine, default_engine=engine)
 
 
 def load_signatures_file(path: Path | str) -> Signatures:
     """Signatures from any file (a user's own, or a test's); the engine defaults to the file's stem."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SignatureDataError(f"cannot read signature file: {exc.strerror}", Location(file=path)) from None
-    return parse_signatures(text, source=str(path), engine=None, default_engine=path.stem)
+    with _signature_errors():
+        source = tomlsource.load(path, what="signature file")
+        return _signatures(source, engine=None, default_engine=path.stem)
 
 
 def parse_signatures(text: str, *, source: str, engine: str | None = None, default_engine: str = "") -> Signatures:
     """Validate and compile signature data. `engine`, when given, must agree with the file's `engine`."""
+    with _signature_errors():
+        return _signatures(tomlsource.parse(text.encode("utf-8"), source), engine=engine, default_engine=default_engine)
+
+
+@contextlib.contextmanager
+def _signature_errors() -> Iterator[None]:
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        # Python < 3.14 has the position only in the message text.
-        where = _TOML_POSITION.search(str(exc))
-        message = _TOML_POSITION.sub("", str(exc)).strip()
-        line = int(where.group(1)) if where else None
-        raise SignatureDataError(f"invalid TOML: {message}", Location(file=source, line=line)) from None
-    return _Parser(text=text, source=source).parse(data, engine=engine, default_engine=default_engine)
+        yield
+    except SignatureDataError:
+        raise
+    except InputError as exc:
+        raise SignatureDataError(exc.message, exc.location) from None
 
 
-class _Parser:
-    def __init__(self, *, text: str, source: str) -> None:
-        self.text_lines = text.splitlines()
-        self.source = source
-
-    def error(self, keypath: tuple[str | int, ...], message: str) -> SignatureDataError:
-        return SignatureDataError(
-            message, Location(file=self.source, line=self._line_of(keypath), key=_dotted(keypath))
-        )
-
-    def _line_of(self, keypath: tuple[str | int, ...]) -> int | None:
-        """Best-effort line for a key: enough to point a person at the right entry."""
-        if not keypath or keypath[0] != "signature" or len(keypath) < 2 or not isinstance(keypath[1], int):
-            if keypath:
-                return self._key_line(0, len(self.text_lines), str(keypath[0]))
-            return None
-        start, end = self._block(0, len(self.text_lines), r"\[\[\s*signature\s*\]\]", keypath[1])
-        if start is None:
-            return None
-        rest = keypath[2:]
-        if rest[:1] == ("evidence",) and len(rest) >= 2 and isinstance(rest[1], int):
-            e_start, e_end = self._block(start, end, r"\[\[\s*signature\s*\.\s*evidence\s*\]\]", rest[1])
-            if e_start is None:
-                return start + 1
-            if len(rest) >= 3:
-                return self._key_line(e_start, e_end, str(rest[2])) or e_start + 1
-            return e_start + 1
-        if rest:
-            # Keys of the signature itself come before its first evidence table.
-            first_evidence = self._block(start, end, r"\[\[\s*signature\s*\.\s*evidence\s*\]\]", 0)[0]
-            return self._key_line(start, first_evidence or end, str(rest[0])) or start + 1
-        return start + 1
-
-    def _block(self, lo: int, hi: int, header: str, index: int) -> tuple[int | None, int]:
-        header_re = re.compile(rf"^\s*{header}\s*(#.*)?$")
-        any_array = re.compile(r"^\s*\[\[\s*([^\]]+?)\s*\]\]")
-        headers = [i for i in range(lo, hi) if header_re.match(self.text_lines[i])]
-        if index >= len(headers):
-            return None, hi
-        start = headers[index]
-        depth_name = any_array.match(self.text_lines[start])
-        own = depth_name.group(1).replace(" ", "") if depth_name else ""
-        for i in range(start + 1, hi):
-            other = any_array.match(self.text_lines[i])
-            if other and not other.group(1).replace(" ", "").startswith(own + "."):
-                return start, i
-        return start, hi
-
-    def _key_line(self, lo: int, hi: int, key: str) -> int | None:
-        key_re = re.compile(rf"^\s*{re.escape(key)}\s*=")
-        for i in range(lo, hi):
-            if key_re.match(self.text_lines[i]):
-                return i + 1
-        return None
-
-    def parse(self, data: dict[str, Any], *, engine: str | None, default_engine: str) -> Signatures:
-        for key in data:
-            if key not in _TOP_KEYS:
-                raise self.error((key,), f"unknown key (expected one of {sorted(_TOP_KEYS)})")
-        schema = data.get("schema")
-        if schema != SCHEMA:
-            raise self.error(("schema",), f"schema must be {SCHEMA}, got {schema!r}")
-        file_engine = data.get("engine", engine or default_engine)
-        if not isinstance(file_engine, str) or not _ID.match(file_engine):
-            raise self.error(("engine",), f"engine must be a lowercase name, got {file_engine!r}")
-        if engine is not None and file_engine != engine:
-            raise self.error(("engine",), f"file is for engine {file_engine!r}, expected {engine!r}")
-        entries = data.get("signature")
-        if not isinstance(entries, list) or not entries:
-            raise self.error(("signature",), "expected one or more [[signature]] tables")
-        signatures = tuple(self._signature(i, entry) for i, entry in enumerate(entries))
-        seen: set[str] = set()
-        for i, signature in enumerate(signatures):
-            if signature.id in seen:
-                raise self.error(("signature", i, "id"), f"duplicate signature id {signature.id!r}")
-            seen.add(signature.id)
-        return Signatures(
-            engine=file_engine, source=self.source, signatures=signatures, prefilter=Prefilter(signatures)
-        )
-
-    def _signature(self, index: int, entry: Any) -> Signature:
-        at: tuple[str | int, ...] = ("signature", index)
-        if not isinstance(entry, dict):
-            raise self.error(at, "expected a table")
-        for key in entry:
-            if key not in _SIGNATURE_KEYS:
-                raise self.error((*at, key), f"unknown key (expected one of {sorted(_SIGNATURE_KEYS)})")
-        signature_id = self._string(entry, (*at, "id"))
-        if not _ID.match(signature_id):
-            raise self.error((*at, "id"), f"id must be lowercase words joined by '-', got {signature_id!r}")
-        fatal = entry.get("fatal")
-        if not isinstance(fatal, bool):
-            raise self.error((*at, "fatal"), f"fatal must be true or false, got {fatal!r}")
-        priority = entry.get("priority")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise self.error((*at, "priority"), f"priority must be an integer, got {priority!r}")
-        harness_assigned = entry.get("harness_assigned", False)
-        if not isinstance(harness_assigned, bool):
-            raise self.error((*at, "harness_assigned"), f"must be true or false, got {harness_assigned!r}")
-        patterns = self._patterns(entry, (*at, "patterns"), allow_empty=harness_assigned)
-        if harness_assigned and patterns:
-            raise self.error((*at, "patterns"), "a harness-assigned signature matches no log line: leave it empty")
-        raw_evidence = entry.get("evidence", [])
-        if not isinstance(raw_evidence, list):
-            raise self.error((*at, "evidence"), "expected [[signature.evidence]] tables")
-        evidence = tuple(self._evidence((*at, "evidence", j), item) for j, item in enumerate(raw_evidence))
-        return Signature(
-            id=signature_id,
-            title=self._string(entry, (*at, "title")),
-            explanation=self._string(entry, (*at, "explanation")),
-            workaround=self._string(entry, (*at, "workaround")),
-            fatal=fatal,
-            priority=priority,
-            patterns=patterns,
-            evidence=evidence,
-            harness_assigned=harness_assigned,
-        )
-
-    def _evidence(self, at: tuple[str | int, ...], item: Any) -> Evidence:
-        if not isinstance(item, dict):
-            raise self.error(at, "expected a table")
-        for key in item:
-            if key not in _EVIDENCE_KEYS:
-                raise self.error((*at, key), f"unknown key (expected one of {sorted(_EVIDENCE_KEYS)})")
-        return Evidence(
-            label=self._string(item, (*at, "label")),
-            patterns=self._patterns(item, (*at, "patterns"), allow_empty=False),
-        )
-
-    def _string(self, table: dict[str, Any], at: tuple[str | int, ...]) -> str:
-        value = table.get(str(at[-1]))
-        if not isinstance(value, str) or not value.strip():
-            raise self.error(at, "missing" if value is None else f"must be a non-empty string, got {value!r}")
-        return value.strip()
-
-    def _patterns(
-        self, table: dict[str, Any], at: tuple[str | int, ...], *, allow_empty: bool
-    ) -> tuple[re.Pattern[str], ...]:
-        raw = table.get(str(at[-1]))
-        if not isinstance(raw, list):
-            raise self.error(at, "missing" if raw is None else "must be a list of regex strings")
-        if not raw and not allow_empty:
-            raise self.error(at, "needs at least one pattern")
-        compiled = []
-        for k, pattern in enumerate(raw):
-            if not isinstance(pattern, str) or not pattern:
-                raise self.error((*at, k), f"must be a non-empty regex string, got {pattern!r}")
-            try:
-                regex = re.compile(pattern)
-            except re.error as exc:
-                raise self.error((*at, k), f"invalid regex {pattern!r}: {exc}") from None
-            # Such a pattern would match every line of every log.
-            if regex.search("") is not None:
-                raise self.error((*at, k), f"regex {pattern!r} matches an empty line")
-            compiled.append(regex)
-        return tuple(compiled)
-
-
-def _dotted(keypath: tuple[str | int, ...]) -> str:
-    out = ""
-    for part in keypath:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
+def _signatures(source: TomlSource, *, engine: str | None, default_engine: str) -> Signatures:
+    """The checks that span keys, after the schema's: the engine, harness-assigned classes, unique ids."""
+    data = tomlsource.validate(source, SignatureFile)
+    file_engine = data.engine if data.engine is not None else (engine or default_engine)
+    if not _ID.match(file_engine):
+        raise source.error(("engine",), f"engine must be a lowercase name, got {file_engine!r}")
+    if engine is not None and file_engine != engine:
+        raise source.error(("engine",), f"file is for engine {file_engine!r}, expected {engine!r}")
+    if not data.signature:
+        raise source.error(("signature",), "expected one or more [[signature]] tables")
+    seen: set[str] = set()
+    for index, signature in enumerate(data.signature):
+        at = ("signature", index)
+        if signature.harness_assigned and signature.patterns:
+            raise source.error((*at, "patterns"), "a harness-assigned signature matches no log line: leave it empty")
+        if not signature.harness_assigned and not signature.patterns:
+            raise source.error((*at, "patterns"), "needs at least one pattern")
+        if signature.id in seen:
+            raise source.error((*at, "id"), f"duplicate signature id {signature.id!r}")
+        seen.add(signature.id)
+    return Signatures(
+        engine=file_engine, source=str(source.path), signatures=data.signature, prefilter=Prefilter(data.signature)
+    )
 
 
 # ---- the per-line pre-filter -----------------------------------------------------------------------
@@ -405,15 +302,7 @@ class Prefilter:
 
 
 def _probe(pattern: re.Pattern[str], signature: str, evidence: str | None) -> _Probe:
-    literals: frozenset[str] | None
-    # re._parser is private and may change; a pattern it cannot reduce is searched on every line,
-    # which is slower but still correct.
-    try:
-        parsed = sre_parser.parse(pattern.pattern, pattern.flags)
-        ignore_case = bool(parsed.state.flags & re.IGNORECASE)
-        literals, ignore_case = _best(_required(list(parsed), ignore_case))
-    except Exception:
-        literals, ignore_case = None, False
+    literals, ignore_case = required_literals(pattern)
     if literals is None or min(map(len, literals)) < MIN_LITERAL_LEN:
         return _Probe(pattern=pattern, literals=(), ignore_case=False, signature=signature, evidence=evidence)
     return _Probe(
@@ -425,47 +314,239 @@ def _probe(pattern: re.Pattern[str], signature: str, evidence: str | None) -> _P
     )
 
 
+# ---- the literals a pattern requires ---------------------------------------------------------------
+#
+# Read from the pattern's text, by Python's regex syntax (re's own parser is private and may change).
+# Only what every match must contain counts: classes, anchors, look-arounds and optional parts require
+# nothing, and a construct this reader does not follow (back-references, conditionals, verbose
+# patterns) leaves the whole pattern without literals, so it is searched on every line: slower, never
+# wrong.
+
 _Requirement = tuple[frozenset[str], bool]  # any-of literals, and whether they are case-folded
+_ESCAPED_CHARACTERS = {"a": "\a", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_ESCAPED_CLASSES = frozenset("AbBZdDsSwW")  # anchors and character classes: no one literal
+_HEX_WIDTH = {"x": 2, "u": 4, "U": 8}
+_QUANTIFIER = re.compile(r"\{(\d*)(,\d*)?\}")
+_FLAGS_GROUP = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?([:)])")
 
 
-def _required(items: list[Any], ignore_case: bool) -> list[_Requirement]:
-    """Literal sets that every match of this parsed sequence must contain (sound, not complete)."""
+def required_literals(pattern: re.Pattern[str]) -> tuple[frozenset[str] | None, bool]:
+    """Strings of which every match of `pattern` contains at least one, and whether they are lowercased
+    (to be looked for in a lowercased line); None when the pattern requires no literal this reader sees."""
+    if pattern.flags & re.VERBOSE:
+        return None, False
+    folded = bool(pattern.flags & re.IGNORECASE)
+    reader = _LiteralReader(pattern.pattern)
+    try:
+        branches = reader.branches(folded)
+        if reader.pos != len(pattern.pattern):
+            raise _Unsupported(pattern.pattern[reader.pos :])
+    except _Unsupported:
+        return None, False
+    return _best(_group_required(branches, folded))
+
+
+class _Unsupported(Exception):
+    """A construct the literal reader does not follow."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Atom:
+    """One item of a pattern: a literal character, a group, or something that requires no literal."""
+
+    literal: str | None = None
+    branches: tuple[tuple[_Atom, ...], ...] | None = None  # a group's alternatives
+    folded: bool = False  # a group's literals match case-insensitively
+    quantified: bool = False  # a quantifier follows: not part of the literal run around it
+    required: bool = True  # False when the quantifier allows zero (?, *, {0,n})
+
+
+class _LiteralReader:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def branches(self, folded: bool) -> tuple[tuple[_Atom, ...], ...]:
+        """The alternatives from here to the end of the enclosing group (or of the pattern)."""
+        found: list[tuple[_Atom, ...]] = []
+        atoms: list[_Atom] = []
+        while self.pos < len(self.text) and self.text[self.pos] != ")":
+            if self.text[self.pos] == "|":
+                found.append(tuple(atoms))
+                atoms = []
+                self.pos += 1
+                continue
+            atom = self._atom(folded)
+            if atom is not None:
+                atoms.append(self._quantified(atom))
+        found.append(tuple(atoms))
+        return tuple(found)
+
+    def _atom(self, folded: bool) -> _Atom | None:
+        char = self.text[self.pos]
+        if char == "(":
+            return self._group(folded)
+        if char == "\\":
+            return self._escape()
+        if char == "[":
+            self._skip_class()
+            return _Atom()
+        if char in "*+?" or (char == "{" and self._quantifier() is not None):
+            raise _Unsupported("a quantifier with nothing to repeat")
+        self.pos += 1
+        return _Atom() if char in ".^$" else _Atom(literal=char)
+
+    def _quantifier(self) -> re.Match[str] | None:
+        found = _QUANTIFIER.match(self.text, self.pos)
+        # `{}` is two literal characters; `{,}` and `{,3}` are quantifiers (as re reads them).
+        return found if found is not None and (found.group(1) or found.group(2)) else None
+
+    def _quantified(self, atom: _Atom) -> _Atom:
+        char = self.text[self.pos : self.pos + 1]
+        if char in ("*", "?"):
+            least = 0
+            self.pos += 1
+        elif char == "+":
+            least = 1
+            self.pos += 1
+        elif char == "{" and (bounds := self._quantifier()) is not None:
+            least = int(bounds.group(1) or 0)
+            self.pos = bounds.end()
+        else:
+            return atom
+        if self.text[self.pos : self.pos + 1] in ("?", "+"):  # lazy or possessive
+            self.pos += 1
+        return replace(atom, quantified=True, required=least >= 1)
+
+    def _escape(self) -> _Atom:
+        char = self.text[self.pos + 1 : self.pos + 2]
+        self.pos += 2
+        if char in _ESCAPED_CLASSES:
+            return _Atom()
+        if char in _ESCAPED_CHARACTERS:
+            return _Atom(literal=_ESCAPED_CHARACTERS[char])
+        if char in _HEX_WIDTH:
+            digits = self.text[self.pos : self.pos + _HEX_WIDTH[char]]
+            if len(digits) != _HEX_WIDTH[char] or digits.strip(string.hexdigits):
+                raise _Unsupported(f"\\{char}{digits}")
+            self.pos += len(digits)
+            return _Atom(literal=chr(int(digits, 16)))
+        if char.isdigit() and char.isascii():
+            return self._numbered(char)
+        if not char or (char.isascii() and char.isalpha()):
+            raise _Unsupported(f"\\{char}")  # named characters, and anything newer
+        return _Atom(literal=char)
+
+    def _numbered(self, first: str) -> _Atom:
+        """`\\0`, `\\0oo` and `\\ooo` are octal characters; any other `\\n` or `\\nn` is a back-reference."""
+        more = self.text[self.pos : self.pos + 2]
+        if first == "0":
+            digits = first + "".join(itertools.takewhile(lambda c: c in "01234567", more))
+        elif first in "01234567" and len(more) == 2 and all(c in "01234567" for c in more):
+            digits = first + more
+        else:
+            self.pos += 1 if more[:1].isdigit() and more[:1].isascii() else 0
+            return _Atom()  # a back-reference: its text is a group's, already counted
+        self.pos += len(digits) - 1
+        return _Atom(literal=chr(int(digits, 8)))
+
+    def _skip_class(self) -> None:
+        pos = self.pos + 1
+        if self.text[pos : pos + 1] == "^":
+            pos += 1
+        if self.text[pos : pos + 1] == "]":  # a leading ] is a member
+            pos += 1
+        while pos < len(self.text) and self.text[pos] != "]":
+            pos += 2 if self.text[pos] == "\\" else 1
+        if pos >= len(self.text):
+            raise _Unsupported("an unterminated class")
+        self.pos = pos + 1
+
+    def _after(self, char: str, start: int) -> int:
+        end = self.text.find(char, start)
+        if end < 0:
+            raise _Unsupported(f"no {char!r} after {self.text[start:]!r}")
+        return end + 1
+
+    def _group(self, folded: bool) -> _Atom | None:
+        text, start = self.text, self.pos
+        counts = True  # a look-around's text need not be in the match
+        if text.startswith("(?#", start):
+            self.pos = self._after(")", start)
+            return None
+        if text.startswith("(?P=", start):
+            self.pos = self._after(")", start)
+            return _Atom()
+        if text.startswith(("(?:", "(?>", "(?=", "(?!"), start):
+            counts = text[start + 2] in ":>"
+            self.pos = start + 3
+        elif text.startswith(("(?<=", "(?<!"), start):
+            counts = False
+            self.pos = start + 4
+        elif text.startswith("(?P<", start):
+            self.pos = self._after(">", start)
+        elif text.startswith("(?", start):
+            flags = _FLAGS_GROUP.match(text, start)
+            if flags is None:
+                raise _Unsupported(text[start : start + 4])  # conditionals and anything newer
+            self.pos = flags.end()
+            if flags.group(3) == ")":
+                return None  # the pattern's own flags, which pattern.flags holds
+            # A scoped (?-i:...) inside a folded pattern stays folded, which only widens the filter.
+            folded = folded or "i" in flags.group(1)
+        else:
+            self.pos = start + 1
+        branches = self.branches(folded)
+        if self.text[self.pos : self.pos + 1] != ")":
+            raise _Unsupported("an unterminated group")
+        self.pos += 1
+        return _Atom(branches=branches, folded=folded) if counts else _Atom()
+
+
+def _required(atoms: tuple[_Atom, ...], folded: bool) -> list[_Requirement]:
+    """Literal sets that every match of this sequence must contain (sound, not complete)."""
     found: list[_Requirement] = []
     run: list[str] = []
 
     def flush() -> None:
         if run:
             text = "".join(run)
-            found.append((frozenset({text.lower() if ignore_case else text}), ignore_case))
+            found.append((frozenset({text.lower() if folded else text}), folded))
             run.clear()
 
-    for op, arg in items:
-        if op is sre_constants.LITERAL:
-            run.append(chr(arg))
+    pending = list(reversed(atoms))
+    while pending:
+        atom = pending.pop()
+        if atom.literal is not None and not atom.quantified:
+            run.append(atom.literal)
+            continue
+        if atom.branches is not None and len(atom.branches) == 1 and not atom.quantified and atom.folded == folded:
+            pending.extend(reversed(atom.branches[0]))  # (ab)cd needs "abcd": the group joins the run
             continue
         flush()
-        if op is sre_constants.SUBPATTERN:
-            _group, add_flags, _del_flags, sub = arg
-            found.extend(_required(list(sub), ignore_case or bool(add_flags & re.IGNORECASE)))
-        elif op is sre_constants.BRANCH:
-            alternatives: set[str] = set()
-            folded = ignore_case
-            for branch in arg[1]:
-                best, branch_folded = _best(_required(list(branch), ignore_case))
-                if best is None:
-                    break
-                alternatives |= best
-                folded = folded or branch_folded
-            else:
-                # Mixed case sensitivity across branches: fold all, which only widens the filter.
-                found.append(
-                    (frozenset(a.lower() for a in alternatives) if folded else frozenset(alternatives), folded)
-                )
-        elif op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT) and arg[0] >= 1:
-            found.extend(_required(list(arg[2]), ignore_case))
-        # Anything else (classes, anchors, look-arounds, optional parts) requires no literal.
+        if not atom.required:
+            continue
+        if atom.literal is not None:
+            found.append((frozenset({atom.literal.lower() if folded else atom.literal}), folded))
+        elif atom.branches is not None:
+            found.extend(_group_required(atom.branches, atom.folded))
     flush()
     return found
+
+
+def _group_required(branches: tuple[tuple[_Atom, ...], ...], folded: bool) -> list[_Requirement]:
+    if len(branches) == 1:
+        return _required(branches[0], folded)
+    alternatives: set[str] = set()
+    any_folded = folded
+    for branch in branches:
+        best, branch_folded = _best(_required(branch, folded))
+        if best is None:
+            return []  # one alternative needs no literal, so the group needs none
+        alternatives |= best
+        any_folded = any_folded or branch_folded
+    # Mixed case sensitivity across branches: fold all, which only widens the filter.
+    return [(frozenset(a.lower() for a in alternatives) if any_folded else frozenset(alternatives), any_folded)]
 
 
 def _best(requirements: list[_Requirement]) -> tuple[frozenset[str] | None, bool]:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from servematrix import tomlsource
 from servematrix.engines import Engine, load_engine
@@ -169,12 +169,7 @@ class Spec(BaseModel):
 
 def load_spec(path: Path | str) -> Spec:
     source = tomlsource.load(Path(path))
-    try:
-        file = SpecFile.model_validate(source.data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc: KeyPath = tuple(first["loc"])
-        raise source.error(loc, tomlsource.pydantic_message(first)) from None
+    file = tomlsource.validate(source, SpecFile)
     _check_names(source, file)
     engine = _engine(source, file)
     _check_axes(source, file, engine)

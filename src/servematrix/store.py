@@ -32,9 +32,10 @@ import psutil
 
 from servematrix import redact
 from servematrix.errors import InputError
+from servematrix.util import DEFAULT_WORKDIR
 from servematrix.verdict import Verdict
 
-DEFAULT_STORE = Path(".servematrix/results.sqlite")
+DEFAULT_STORE = DEFAULT_WORKDIR / "results.sqlite"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cell_runs (
@@ -332,10 +333,6 @@ class Store:
     def _select_in(db: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Row]:
         cursor = db.execute(f"SELECT {', '.join(COLUMNS)} FROM cell_runs {where}", params)
         return [Row(values=_decode(dict(zip(COLUMNS, r, strict=True)))) for r in cursor.fetchall()]
-
-    def merge_from(self, other: Path) -> int:
-        """Copy rows of another store; rows already present (same run and cell) are kept as they are."""
-        return self.merge([other])[0]
 
     def merge(self, inputs: Sequence[Path]) -> list[int]:
         """Copy the rows of every input in one transaction: all of them, or (on any error) none.

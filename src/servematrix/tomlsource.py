@@ -2,7 +2,8 @@
 
 tomllib gives values without positions. Errors must name the line, so this module re-reads the text and
 maps every key path (tables, array-of-table indexes, list items) to the line that wrote it. It is a
-locator for messages, not a parser: values always come from tomllib.
+locator for messages, not a parser: values always come from tomllib, and `validate` checks them against
+a pydantic schema, naming the file, line and key of the first mistake.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servematrix.errors import InputError, Location
 
 KeyPath = tuple[str | int, ...]
-_Model = TypeVar("_Model", bound=BaseModel)
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(r"""^\s*((?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+)(?:\s*\.\s*(?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+))*)\s*=""")
@@ -61,11 +61,18 @@ def dotted(keypath: KeyPath) -> str:
     return out
 
 
-def load(path: Path) -> TomlSource:
+def load(path: Path, *, what: str = "matrix file") -> TomlSource:
+    """Read and parse the TOML file at `path`; `what` names it in the error when it cannot be read."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise InputError(f"cannot read matrix file: {exc.strerror}", Location(file=path)) from None
+        raise InputError(f"cannot read {what}: {exc.strerror}", Location(file=path)) from None
+    return parse(raw, path)
+
+
+def parse(raw: bytes, path: Path | str) -> TomlSource:
+    """Parse TOML bytes that came from `path` (the name its errors show), with every key's line indexed."""
+    path = Path(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -90,8 +97,54 @@ def load(path: Path) -> TomlSource:
     return source
 
 
+class DataTable(BaseModel):
+    """A table of a data file: unknown keys are mistakes, and the values are read, never changed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def validate(source: TomlSource, model: type[Model]) -> Model:
+    """`source`'s data as `model` (pydantic), or an InputError naming the file, line and key of a mistake."""
+    try:
+        return model.model_validate(source.data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        # A misspelt key is also a missing one: name the spelling, which is the mistake.
+        first = next((error for error in errors if error["type"] == "extra_forbidden"), errors[0])
+        raise source.error(tuple(first["loc"]), validation_message(first)) from None
+
+
+# pydantic's error types, in the words of a data file (its own say "Input should be a valid dictionary").
+_MESSAGES = {
+    "extra_forbidden": "unknown key",
+    "missing": "required key is missing",
+    "bool_type": "must be true or false, got {input!r}",
+    "int_type": "must be an integer, got {input!r}",
+    "string_type": "must be a string, got {input!r}",
+    "model_type": "expected a table",
+    "dict_type": "expected a table",
+    "tuple_type": "expected a list",
+    "list_type": "expected a list",
+    "literal_error": "must be {expected}, got {input!r}",
+}
+
+
+def validation_message(error: Any) -> str:
+    """One pydantic error as a message for a person: a validator's own words, or the file's terms."""
+    if error.get("type") == "value_error" and "error" in error.get("ctx", {}):
+        return str(error["ctx"]["error"])
+    template = _MESSAGES.get(error.get("type", ""))
+    if template is not None:
+        return template.format(input=error.get("input"), **error.get("ctx", {}))
+    return str(error.get("msg", "invalid value"))
+
+
 def _index_lines(source: TomlSource) -> None:
     table: KeyPath = ()
+    # Each array of tables, by its key path (indexes included), and how many tables it has so far.
     array_counts: dict[KeyPath, int] = {}
     text_lines = source.text.splitlines()
     for number, raw in enumerate(text_lines, start=1):
@@ -100,7 +153,7 @@ def _index_lines(source: TomlSource) -> None:
             continue
         header = _HEADER.match(raw)
         if header and not _KEY.match(raw):
-            names = tuple(_split_dotted(header.group(2)))
+            names = _table_path(_split_dotted(header.group(2)), array_counts)
             if header.group(1) == "[[":
                 index = array_counts.get(names, 0)
                 array_counts[names] = index + 1
@@ -116,6 +169,17 @@ def _index_lines(source: TomlSource) -> None:
         keypath = (*table, *_split_dotted(key.group(1)))
         source.lines.setdefault(keypath, number)
         _index_list_items(source, keypath, text_lines, number)
+
+
+def _table_path(names: list[str], array_counts: dict[KeyPath, int]) -> KeyPath:
+    """A header's key path: a name that is an array of tables means its latest table, as in TOML itself
+    (`[[signature.evidence]]` belongs to the last `[[signature]]`, so it is `signature[i].evidence`)."""
+    path: KeyPath = ()
+    for name in names[:-1]:
+        path = (*path, name)
+        if path in array_counts:
+            path = (*path, array_counts[path] - 1)
+    return (*path, *names[-1:])
 
 
 def _index_list_items(source: TomlSource, keypath: KeyPath, text_lines: list[str], start: int) -> None:
@@ -140,22 +204,3 @@ def _index_list_items(source: TomlSource, keypath: KeyPath, text_lines: list[str
                     line = candidate
                     break
         source.lines.setdefault((*keypath, index), line)
-
-
-def validate(source: TomlSource, model: type[_Model]) -> _Model:
-    """`source.data` as a pydantic `model`; the first error is an InputError at its file, line and key."""
-    try:
-        return model.model_validate(source.data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise source.error(tuple(first["loc"]), pydantic_message(first)) from None
-
-
-def pydantic_message(error: Any) -> str:
-    """A pydantic error in the words of a TOML file."""
-    kind = error.get("type", "")
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required key is missing"
-    return str(error.get("msg", "invalid value"))

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import functools
 import re
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+
+from servematrix import tomlsource
+from servematrix.tomlsource import DataTable
 
 # Verdicts that say nothing about the stack: the cell runs again next time.
 RETRY_KINDS = frozenset({"error", "interrupted"})
@@ -56,35 +61,58 @@ def error(reason: str, excerpt: str = "") -> Verdict:
 # -- harness faults ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
-class HarnessFaults:
-    """What turns a failure into `error:<fault>` (data/harness_faults.toml)."""
+def _patterns(raw: Any) -> tuple[re.Pattern[str], ...]:
+    """Python regexes from the data, searched case-insensitively."""
+    if not isinstance(raw, list) or not all(isinstance(p, str) and p for p in raw):
+        raise ValueError(f"must be a list of regex strings, got {raw!r}")
+    try:
+        return tuple(re.compile(p, re.IGNORECASE) for p in raw)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {exc.pattern!r}: {exc}") from None
 
+
+Patterns = Annotated[tuple[re.Pattern[str], ...], BeforeValidator(_patterns)]
+
+
+class ServeFaults(DataTable):
     harness_port_classes: frozenset[str]
     harness_port_fault: str
-    build_network_fault: str
-    build_network_patterns: tuple[re.Pattern[str], ...]
+
+
+class BuildFaults(DataTable):
+    network_fault: str
+    network_patterns: Patterns
+
+
+class ResolveFaults(DataTable):
+    network_patterns: Patterns
+    offline_miss_patterns: Patterns
+    conflict_patterns: Patterns
+
+
+class HarnessFaults(DataTable):
+    """What turns a failure into `error:<fault>` (data/harness_faults.toml)."""
+
+    schema_version: Literal[1] = Field(alias="schema")
+    serve: ServeFaults
+    build: BuildFaults
+    resolve: ResolveFaults
 
 
 @functools.cache
 def harness_faults() -> HarnessFaults:
-    data = tomllib.loads(resources.files("servematrix.data").joinpath("harness_faults.toml").read_text("utf-8"))
-    return HarnessFaults(
-        harness_port_classes=frozenset(data["serve"]["harness_port_classes"]),
-        harness_port_fault=data["serve"]["harness_port_fault"],
-        build_network_fault=data["build"]["network_fault"],
-        build_network_patterns=tuple(re.compile(p, re.IGNORECASE) for p in data["build"]["network_patterns"]),
-    )
+    raw = resources.files("servematrix.data").joinpath("harness_faults.toml").read_bytes()
+    return tomlsource.validate(tomlsource.parse(raw, "servematrix/data/harness_faults.toml"), HarnessFaults)
 
 
 def served(result: Verdict, *, harness_picked_port: bool) -> Verdict:
     """A server's verdict, with a port race the harness caused turned into a retried error."""
     faults = harness_faults()
-    if harness_picked_port and result.kind == "fail" and result.detail in faults.harness_port_classes:
+    if harness_picked_port and result.kind == "fail" and result.detail in faults.serve.harness_port_classes:
         excerpt = (
             f"the port the harness picked was taken by another process before the server bound it\n{result.excerpt}"
         )
-        return Verdict(kind="error", detail=faults.harness_port_fault, excerpt=excerpt, evidence=result.evidence)
+        return Verdict(kind="error", detail=faults.serve.harness_port_fault, excerpt=excerpt, evidence=result.evidence)
     return result
 
 
@@ -92,8 +120,8 @@ def build_failed(excerpt: str, log_tail: str = "") -> Verdict:
     """A failed build: `error:build-network` when an index or registry could not be reached, else `fail:build`."""
     faults = harness_faults()
     text = f"{log_tail}\n{excerpt}"
-    if any(p.search(text) for p in faults.build_network_patterns):
-        return error(faults.build_network_fault, excerpt=excerpt)
+    if any(p.search(text) for p in faults.build.network_patterns):
+        return error(faults.build.network_fault, excerpt=excerpt)
     return failed("build", excerpt=excerpt)
 
 

@@ -27,7 +27,7 @@ from servematrix.locking import lock_plan
 from servematrix.models import builder_script
 from servematrix.pipeline import RunOptions, run_plan
 from servematrix.plan import Plan, make_plan
-from servematrix.report.markdown import tok_s
+from servematrix.report.rows import tok_s
 from servematrix.store import Store
 from servematrix.tinymodel import is_built
 from tests.conftest import MATRIX

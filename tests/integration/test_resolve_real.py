@@ -11,7 +11,6 @@ import subprocess
 
 import pytest
 
-from servematrix.stages import resolve as rs
 from servematrix.stages.resolve import ResolveRequest, parse_header, release_pins, resolve
 
 pytestmark = [
@@ -97,7 +96,7 @@ def test_second_resolve_is_cached_without_calling_uv(locks, pins_cache, monkeypa
     def no_subprocess(*args, **kwargs):
         raise AssertionError(f"uv was called for a cached lock: {args}")
 
-    monkeypatch.setattr(rs.subprocess, "run", no_subprocess)
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
     again = lock(locks, pins_cache, "sglang-0.5.9", ["sglang==0.5.9"])
     assert again.cached and again.status == "resolved"
     assert again.pins == first.pins and again.lockfile == first.lockfile

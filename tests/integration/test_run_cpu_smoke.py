@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from servematrix.cli import main
-from servematrix.report.markdown import tok_s
+from servematrix.report.rows import tok_s
 from servematrix.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -13,9 +15,11 @@ from servematrix.classify import (
     load_signatures,
     load_signatures_file,
     parse_signatures,
+    required_literals,
 )
 from servematrix.errors import InputError
 
+SRC = Path(__file__).resolve().parents[2] / "src" / "servematrix"
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 
 # (fixture, class, deciding line, evidence labels). Lines were read off the fixtures by hand.
@@ -431,6 +435,23 @@ def test_a_valid_toy_file_loads(tmp_path):
         ('label = "ev"', 'lable = "ev"', "signature[1].evidence[0].lable", 23, "unknown key"),
         ("schema = 1", "schema = 2", "schema", 1, "schema must be 1"),
         ('engine = "toy"', 'engine = "other"', "engine", 2, "expected 'toy'"),
+        # The second signature's evidence: the locator follows [[signature.evidence]] into its signature.
+        (
+            'patterns = ["EVIDENCE"]',
+            'patterns = ["EVI(DENCE"]',
+            "signature[1].evidence[0].patterns[0]",
+            24,
+            "invalid regex",
+        ),
+        ('label = "ev"', 'label = ""', "signature[1].evidence[0].label", 23, "non-empty string"),
+        ('patterns = ["EVIDENCE"]', "patterns = []", "signature[1].evidence[0].patterns", 24, "at least one pattern"),
+        # A misspelt key is named as unknown, not as the key it should have been (missing).
+        ("fatal = false", "fatl = false", "signature[1].fatl", 18, "unknown key"),
+        ('engine = "toy"', 'engine = "toy"\nsignatures = []', "signatures", 3, "unknown key"),
+        ('title = "First"', "title = 7", "signature[0].title", 6, "non-empty string, got 7"),
+        ('patterns = ["FIRST"]', "patterns = [3]", "signature[0].patterns[0]", 11, "regex string, got 3"),
+        ('patterns = ["FIRST"]', 'patterns = "FIRST"', "signature[0].patterns", 11, "expected a list"),
+        ('engine = "toy"', 'engine = "Toy"', "engine", 2, "lowercase"),
     ],
 )
 def test_malformed_data_names_file_line_and_key(tmp_path, old, new, key, line, message):
@@ -442,6 +463,7 @@ def test_malformed_data_names_file_line_and_key(tmp_path, old, new, key, line, m
             parse_signatures(path.read_text(), source=str(path), engine="toy")
         else:
             load_signatures_file(path)
+    assert isinstance(info.value, InputError)
     text = str(info.value)
     assert text.startswith(f"{path}:{line}: {key}: "), text
     assert message in text
@@ -456,3 +478,96 @@ def test_harness_assigned_signature_must_have_no_patterns():
 def test_invalid_toml_names_the_line():
     with pytest.raises(SignatureDataError, match=r"^toy\.toml:3: invalid TOML"):
         parse_signatures('schema = 1\nengine = "toy"\n[[signature]\n', source="toy.toml")
+
+
+def test_a_signature_file_that_is_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "toy.toml"
+    path.write_bytes(GOOD.encode().replace(b'title = "Second"', b'title = "Sec\xffond"'))
+    with pytest.raises(SignatureDataError, match=rf"^{re.escape(str(path))}:15: not valid UTF-8"):
+        load_signatures_file(path)
+
+
+def test_a_missing_signature_file_is_bad_input(tmp_path):
+    with pytest.raises(SignatureDataError, match="cannot read signature file"):
+        load_signatures_file(tmp_path / "none.toml")
+
+
+def test_signatures_are_immutable_data():
+    signature = load_signatures("sglang").get("unknown-flag")
+    with pytest.raises((AttributeError, ValueError), match="frozen"):
+        signature.priority = 0  # type: ignore[misc]
+
+
+# (pattern, the literals every match contains, whether they are lowercased, a line the pattern matches)
+LITERAL_CASES = [
+    ("error: unrecognized arguments:", {"error: unrecognized arguments:"}, False, "x error: unrecognized arguments: y"),
+    (r"torch\._dynamo\.exc\.(Unsupported|UserError)\b", {"torch._dynamo.exc."}, False, "torch._dynamo.exc.UserError"),
+    (r"(?i)address already in use", {"address already in use"}, True, "OSError: Address Already In Use"),
+    (r"x(?i:Hello)Worlds", {"Worlds"}, False, "xhELLOWorlds"),
+    (r"ab?cdef", {"cdef"}, False, "acdef"),
+    (r"ab*cdef", {"cdef"}, False, "abbbcdef"),
+    (r"xy+zzzz", {"zzzz"}, False, "xyyyzzzz"),
+    (r"q{0,3}rstu", {"rstu"}, False, "rstu"),
+    (r"q{,3}rstu", {"rstu"}, False, "qrstu"),
+    (r"a{}bc", {"a{}bc"}, False, "a{}bc"),
+    (r"\{key\}=", {"{key}="}, False, "{key}="),
+    (r"\x41BC\tD", {"ABC\tD"}, False, "ABC\tD"),
+    (r"[Dd]ynamo", {"ynamo"}, False, "Dynamo"),
+    (r"[]x]yzw", {"yzw"}, False, "]yzw"),
+    (r"foo(?=barbaz)", {"foo"}, False, "foobarbaz"),
+    (r"(?<!x)hello", {"hello"}, False, "hello"),
+    (r"(abc)de\1", {"abcde"}, False, "abcdeabc"),
+    (r"hel(?#a comment)lo", {"hello"}, False, "hello"),
+    (
+        r"(Piecewise failed|Capture failed).*marked",
+        {"Piecewise failed", "Capture failed"},
+        False,
+        "Capture failed: marked",
+    ),
+    (r"(?:ab|)cdef", {"cdef"}, False, "cdef"),
+    (r"(?:abc|de(?:fgh|ijk))", {"abc", "fgh", "ijk"}, False, "deijk"),  # per branch, its longest
+    (r"(?:A|B)(?i:xyz)", {"xyz"}, True, "AXyZ"),
+    (r"\d+ms", None, False, "12ms"),  # "ms" alone is too short to reject a line
+    (r"\101bc", {"Abc"}, False, "Abc"),  # octal
+]
+
+
+@pytest.mark.parametrize(("pattern", "literals", "folded", "line"), LITERAL_CASES)
+def test_required_literals_are_read_from_the_pattern_text(pattern, literals, folded, line):
+    compiled = re.compile(pattern)
+    assert compiled.search(line), "the case's line must match its pattern"
+    found, found_folded = required_literals(compiled)
+    if literals is None:
+        assert found is None or min(map(len, found)) < 3
+        return
+    assert (found, found_folded) == (frozenset(literals), folded)
+    haystack = line.lower() if folded else line
+    assert any(literal in haystack for literal in found)  # sound: the matching line passes the filter
+
+
+@pytest.mark.parametrize(
+    ("pattern", "line"),
+    [(r"(?x) fatal \s+ error", "fatal error"), (r"(a)?(?(1)bcd|efg)", "efg"), (r"\N{EM DASH}dash", "\N{EM DASH}dash")],
+)
+def test_a_pattern_the_reader_does_not_follow_is_searched_on_every_line(tmp_path, pattern, line):
+    assert required_literals(re.compile(pattern)) == (None, False)
+    path = tmp_path / "toy.toml"
+    path.write_text(GOOD.replace('patterns = ["FIRST"]', f"patterns = ['{pattern}']", 1), encoding="utf-8")
+    sigs = load_signatures_file(path)
+    assert sigs.prefilter.probes[0].literals == ()
+    assert classify_text(f"noise\n{line}\n", sigs).cls == "first"
+
+
+def test_no_module_reads_the_private_regex_parser():
+    private = {"re._parser", "re._constants", "re._compiler", "sre_parse", "sre_constants", "sre_compile"}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+            else:
+                continue
+            found += [f"{path.relative_to(SRC)}: {name}" for name in sorted(names & private)]
+    assert found == []

@@ -292,7 +292,7 @@ def test_parse_release_pins_of_a_real_metadata():
 
 def test_release_pins_reads_the_cache_without_uv(tmp_path, monkeypatch):
     (tmp_path / "sglang-0.5.12.METADATA").write_text(fixture("sglang-0.5.12.METADATA"))
-    monkeypatch.setattr(rs.subprocess, "run", _forbidden)
+    monkeypatch.setattr(subprocess, "run", _forbidden)
     assert release_pins("SGLang", "0.5.12", cache_dir=tmp_path)["torch"] == "2.11.0"
 
 
@@ -349,9 +349,9 @@ def pins_cache(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _fresh_uv_version():
-    rs._uv_version_cached.cache_clear()
+    rs._uv_version.cache_clear()
     yield
-    rs._uv_version_cached.cache_clear()
+    rs._uv_version.cache_clear()
 
 
 def _resolve(tmp_path, pins_cache, req=None, **kw):
@@ -360,7 +360,7 @@ def _resolve(tmp_path, pins_cache, req=None, **kw):
 
 def test_offline_cache_miss_falls_through_to_online(tmp_path, pins_cache, monkeypatch):
     fake = FakeUv((1, "", fixture("offline-cache-miss.stderr")), (0, COMPILED, "Resolved 3 packages\n"))
-    monkeypatch.setattr(rs.subprocess, "run", fake)
+    monkeypatch.setattr(subprocess, "run", fake)
     out = _resolve(tmp_path, pins_cache)
     assert out.status == "resolved" and not out.cached and out.reason == ""
     assert ["--offline" in c for c in fake.calls] == [True, False]
@@ -378,28 +378,28 @@ def test_offline_cache_miss_falls_through_to_online(tmp_path, pins_cache, monkey
 def test_offline_conflict_is_not_trusted_either(tmp_path, pins_cache, monkeypatch):
     # A partial cache can make a conflict out of missing versions: only the online answer counts.
     fake = FakeUv((1, "", fixture("no-solution-sglang-0.5.9-flashinfer-0.6.12.stderr")), (0, COMPILED, ""))
-    monkeypatch.setattr(rs.subprocess, "run", fake)
+    monkeypatch.setattr(subprocess, "run", fake)
     assert _resolve(tmp_path, pins_cache).status == "resolved"
     assert len(fake.calls) == 2
 
 
 def test_offline_success_does_not_go_online(tmp_path, pins_cache, monkeypatch):
     fake = FakeUv((0, COMPILED, ""))
-    monkeypatch.setattr(rs.subprocess, "run", fake)
+    monkeypatch.setattr(subprocess, "run", fake)
     assert _resolve(tmp_path, pins_cache).status == "resolved"
     assert len(fake.calls) == 1 and "--offline" in fake.calls[0]
 
 
 def test_online_only_when_asked(tmp_path, pins_cache, monkeypatch):
     fake = FakeUv((0, COMPILED, ""))
-    monkeypatch.setattr(rs.subprocess, "run", fake)
+    monkeypatch.setattr(subprocess, "run", fake)
     _resolve(tmp_path, pins_cache, offline_first=False)
     assert len(fake.calls) == 1 and "--offline" not in fake.calls[0]
 
 
 def test_compile_arguments(tmp_path, pins_cache, monkeypatch):
     fake = FakeUv((0, COMPILED, ""))
-    monkeypatch.setattr(rs.subprocess, "run", fake)
+    monkeypatch.setattr(subprocess, "run", fake)
     req = request(index_url="http://127.0.0.1:9/simple", extra_index_urls=("http://127.0.0.1:8/simple",))
     _resolve(tmp_path, pins_cache, req, uv="/opt/uv")
     argv = fake.calls[0]
@@ -423,7 +423,7 @@ def test_uv_environment_forbids_python_downloads(tmp_path, pins_cache, monkeypat
         seen.update(kwargs["env"])
         return FakeUv((0, COMPILED, ""))(argv, **kwargs)
 
-    monkeypatch.setattr(rs.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)
     _resolve(tmp_path, pins_cache)
     assert seen["UV_PYTHON_DOWNLOADS"] == "never"
 
@@ -433,7 +433,7 @@ def test_network_failure_online_is_error_and_keeps_old_lock(tmp_path, pins_cache
     lock.parent.mkdir()
     lock.write_text("# servematrix-lock: 1\n# inputs-hash: stale\nsglang==0.5.11\n")
     fake = FakeUv((1, "", fixture("offline-cache-miss.stderr")), (2, "", fixture("connection-refused.stderr")))
-    monkeypatch.setattr(rs.subprocess, "run", fake)
+    monkeypatch.setattr(subprocess, "run", fake)
     out = _resolve(tmp_path, pins_cache)
     assert out.status == "error" and out.lockfile is None and out.pins == {}
     assert "Connection refused" in out.reason
@@ -442,7 +442,7 @@ def test_network_failure_online_is_error_and_keeps_old_lock(tmp_path, pins_cache
 
 def test_conflict_online_is_unresolvable_without_lockfile(tmp_path, pins_cache, monkeypatch):
     stderr = fixture("no-solution-sglang-0.5.9-flashinfer-0.6.12.stderr")
-    monkeypatch.setattr(rs.subprocess, "run", FakeUv((1, "", stderr), (1, "", stderr)))
+    monkeypatch.setattr(subprocess, "run", FakeUv((1, "", stderr), (1, "", stderr)))
     out = _resolve(tmp_path, pins_cache)
     assert out.status == "unresolvable" and out.lockfile is None
     assert "nvidia-cutlass-dsl" in out.reason
@@ -451,7 +451,7 @@ def test_conflict_online_is_unresolvable_without_lockfile(tmp_path, pins_cache, 
 
 
 def test_timeout_is_error(tmp_path, pins_cache, monkeypatch):
-    monkeypatch.setattr(rs.subprocess, "run", FakeUv(("timeout", "", ""), ("timeout", "", "")))
+    monkeypatch.setattr(subprocess, "run", FakeUv(("timeout", "", ""), ("timeout", "", "")))
     out = _resolve(tmp_path, pins_cache, timeout_s=5)
     assert out.status == "error" and "timed out after 5 s" in out.reason
 
@@ -462,9 +462,9 @@ def test_missing_uv_is_error(tmp_path, pins_cache):
 
 
 def test_unchanged_request_is_cached_without_uv(tmp_path, pins_cache, monkeypatch):
-    monkeypatch.setattr(rs.subprocess, "run", FakeUv((0, COMPILED, "")))
+    monkeypatch.setattr(subprocess, "run", FakeUv((0, COMPILED, "")))
     first = _resolve(tmp_path, pins_cache)
-    monkeypatch.setattr(rs.subprocess, "run", _forbidden)
+    monkeypatch.setattr(subprocess, "run", _forbidden)
     again = _resolve(tmp_path, pins_cache)
     assert again.cached and again.status == "resolved"
     assert (again.pins, again.crossed, again.lockfile, again.inputs_hash) == (
@@ -476,23 +476,23 @@ def test_unchanged_request_is_cached_without_uv(tmp_path, pins_cache, monkeypatc
 
 
 def test_changed_request_is_resolved_again(tmp_path, pins_cache, monkeypatch):
-    monkeypatch.setattr(rs.subprocess, "run", FakeUv((0, COMPILED, "")))
+    monkeypatch.setattr(subprocess, "run", FakeUv((0, COMPILED, "")))
     _resolve(tmp_path, pins_cache)
     fake = FakeUv((0, COMPILED, ""))
-    monkeypatch.setattr(rs.subprocess, "run", fake)
+    monkeypatch.setattr(subprocess, "run", fake)
     out = _resolve(tmp_path, pins_cache, request(python_version="3.11"))
     assert not out.cached and len(fake.calls) == 1
     assert parse_header(out.lockfile.read_text()).python_version == "3.11"
 
 
 def test_override_equal_to_the_release_pin_is_not_crossed(tmp_path, pins_cache, monkeypatch):
-    monkeypatch.setattr(rs.subprocess, "run", FakeUv((0, COMPILED, "")))
+    monkeypatch.setattr(subprocess, "run", FakeUv((0, COMPILED, "")))
     out = _resolve(tmp_path, pins_cache, request(overrides=("flashinfer-python==0.6.11.post1",)))
     assert out.crossed == {}
 
 
 def test_no_overrides_needs_no_release_pins(tmp_path, monkeypatch):
-    monkeypatch.setattr(rs.subprocess, "run", FakeUv((0, COMPILED, "")))
+    monkeypatch.setattr(subprocess, "run", FakeUv((0, COMPILED, "")))
     out = resolve(request(overrides=()), out_dir=tmp_path, pins_cache_dir=tmp_path / "never-created")
     assert out.status == "resolved" and out.crossed == {}
     assert not (tmp_path / "never-created").exists()

@@ -74,9 +74,9 @@ def test_merge_is_idempotent(tmp_path):
             shard.record(**_row(run, "c1"), verdict="pass")
             shard.record(**_row(run, "c2"), verdict="fail:cuda-oom")
     with Store(tmp_path / "out.sqlite") as out:
-        assert out.merge_from(tmp_path / "a.sqlite") == 2
-        assert out.merge_from(tmp_path / "b.sqlite") == 2
-        assert out.merge_from(tmp_path / "a.sqlite") == 0
+        assert out.merge([tmp_path / "a.sqlite"]) == [2]
+        assert out.merge([tmp_path / "b.sqlite"]) == [2]
+        assert out.merge([tmp_path / "a.sqlite"]) == [0]
         assert len(out.all_rows()) == 4
 
 
@@ -191,6 +191,7 @@ READ_ONLY_CHILD = """
 import os, sys
 from servematrix.cli import main
 import servematrix.store, servematrix.engines, servematrix.redact
+import email.parser  # --version reads the installed metadata; as nobody, root's Python library is unreadable
 if os.getuid() == 0:
     os.setgid(65534)
     os.setuid(65534)

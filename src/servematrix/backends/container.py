@@ -57,7 +57,7 @@ EXTRA_CA_ENV = "SERVEMATRIX_EXTRA_CA_BUNDLE"
 BASE_IMAGE_ENV = "SERVEMATRIX_BASE_IMAGE"
 
 _STEP = re.compile(r"^(STEP \d+/\d+: |Step \d+/\d+ : |#\d+ \[[^\]]*\d+/\d+\] )")
-_EXCERPT_LINES = 40
+EXCERPT_LINES = 40  # of a failed build's log, in a verdict
 _EXCERPT_WIDTH = 400
 
 
@@ -180,25 +180,26 @@ class ContainerBackend:
             return Built(ok=False, env_id=request.env_id, excerpt=excerpt, seconds=time.monotonic() - started)
 
         if request.lockfile is None:
-            return failed(
-                f"the {self.tool} backend builds images from a hashed lock only: run the resolve stage "
-                "(--stages resolve,build,...) or use --backend venv"
-            )
+            return failed(lock_required(self.tool))
         tag = self.image_tag(request)
         lock_text = request.lockfile.read_text(encoding="utf-8")
         installed = parse_pins(lock_text)
         recipe = self.recipe(request)
-        existing = self.inspect(tag)
-        if existing is not None and _labels(existing).get(f"{LABEL}.recipe") == recipe:
+
+        def image(inspected: Mapping[str, Any], *, cached: bool = False) -> Built:
             return Built(
                 ok=True,
                 env_id=request.env_id,
-                image_digest=_image_id(existing),
+                image_digest=image_id(inspected),
                 lock_hash=request.lock_hash or "",
                 installed=installed,
-                cached=True,
+                cached=cached,
                 seconds=time.monotonic() - started,
             )
+
+        existing = self.inspect(tag)
+        if existing is not None and _labels(existing).get(f"{LABEL}.recipe") == recipe:
+            return image(existing, cached=True)
         context = self._context(request, lock_text)
         argv = self.build_argv(request, context)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,14 +215,7 @@ class ContainerBackend:
         built = self.inspect(tag)
         if built is None:
             return failed(f"{self.tool} build succeeded but {tag} cannot be inspected")
-        return Built(
-            ok=True,
-            env_id=request.env_id,
-            image_digest=_image_id(built),
-            lock_hash=request.lock_hash or "",
-            installed=installed,
-            seconds=time.monotonic() - started,
-        )
+        return image(built)
 
     def _context(self, request: BuildInput, lock_text: str) -> Path:
         """A build context of exactly the two files the Dockerfile copies: nothing else reaches the daemon."""
@@ -366,6 +360,14 @@ def default_dockerfile() -> Path:
     return resource("dockerfile")
 
 
+def lock_required(backend: str) -> str:
+    """Why an image backend refuses an environment without a lock."""
+    return (
+        f"the {backend} backend builds images from a hashed lock only: run the resolve stage "
+        "(--stages resolve,build,...) or use --backend venv"
+    )
+
+
 def container_name(argv: Sequence[str]) -> str | None:
     for flag, value in itertools.pairwise(argv):
         if flag == "--name":
@@ -378,8 +380,8 @@ def build_excerpt(log: str) -> str:
     lines = log.splitlines()
     start = max((i for i, line in enumerate(lines) if _STEP.match(line)), default=0)
     step = [line if len(line) <= _EXCERPT_WIDTH else line[:_EXCERPT_WIDTH] + " …" for line in lines[start:]]
-    if len(step) > _EXCERPT_LINES:
-        step = [step[0], f"… ({len(step) - _EXCERPT_LINES + 1} lines elided)", *step[-(_EXCERPT_LINES - 2) :]]
+    if len(step) > EXCERPT_LINES:
+        step = [step[0], f"… ({len(step) - EXCERPT_LINES + 1} lines elided)", *step[-(EXCERPT_LINES - 2) :]]
     return "\n".join(step)
 
 
@@ -409,7 +411,7 @@ def _labels(inspected: Mapping[str, Any]) -> dict[str, str]:
     return dict(config.get("Labels") or inspected.get("Labels") or {})
 
 
-def _image_id(inspected: Mapping[str, Any]) -> str:
+def image_id(inspected: Mapping[str, Any]) -> str:
     """podman reports the bare hex ID, docker `sha256:<hex>`: record and run both as `sha256:<hex>`."""
     ident = str(inspected["Id"])
     return ident if ident.startswith("sha256:") else f"sha256:{ident}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -26,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
 from servematrix.errors import InputError
 from servematrix.lockfile import parse_pins
+from servematrix.util import run_captured
 
 # Run by the target interpreter: stdlib only. One line of JSON: {name: [version, sha256 of RECORD]}.
 _INVENTORY = r"""
@@ -89,12 +89,9 @@ class ExistingBackend(HostProcesses):
 
     @cached_property
     def installed(self) -> Installed:
-        try:
-            done = subprocess.run(
-                [self.interpreter, "-c", _INVENTORY], capture_output=True, text=True, timeout=120, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise InputError(f"--python {self.interpreter}: cannot run it: {exc}") from None
+        done = run_captured([self.interpreter, "-c", _INVENTORY], timeout_s=120)
+        if done.problem is not None:
+            raise InputError(f"--python {self.interpreter}: cannot run it: {done.problem}")
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise InputError(f"--python {self.interpreter}: cannot list its packages: {last}")

@@ -28,10 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.backends import BuildInput, Built, LaunchSpec
-from servematrix.backends.container import TOOLS, ContainerBackend, EnvTarget, Tool, targets_from_plan
+from servematrix.backends.container import (
+    EXCERPT_LINES,
+    TOOLS,
+    ContainerBackend,
+    EnvTarget,
+    Tool,
+    image_id,
+    lock_required,
+    targets_from_plan,
+)
 from servematrix.backends.tools import probe_tool
 from servematrix.lockfile import parse_pins
 from servematrix.resources import is_packaged, resource
+from servematrix.util import atomic_write, log_tail
 
 IMAGE_REPOSITORY = "localhost/servematrix-nix"  # nix/lib.nix: imageRepository
 ENVS_JSON = Path("nix/envs.json")
@@ -39,7 +49,6 @@ WHEEL_BASES_ENV = "SERVEMATRIX_WHEEL_BASES"
 MARKER = "nix-images.json"
 # Nix 2.8 (Debian's) has flakes behind a feature flag; newer versions accept the flag as well.
 NIX_FEATURES = ("--extra-experimental-features", "nix-command flakes")
-_EXCERPT_LINES = 40
 _LOADED = re.compile(r"^Loaded image(?:\(s\))?:\s*(\S+)", re.MULTILINE)
 
 
@@ -98,9 +107,6 @@ class NixBackend:
         except FileNotFoundError:
             return {}
 
-    def image_reference(self, env_id: str) -> str:
-        return f"{IMAGE_REPOSITORY}:{env_id}"
-
     def build_argv(self, env_id: str) -> list[str]:
         argv = [self.nix, *NIX_FEATURES, "build", "--no-link", "--json", "--print-build-logs"]
         if self._bases_json() is not None:
@@ -127,10 +133,7 @@ class NixBackend:
             return Built(ok=False, env_id=request.env_id, excerpt=excerpt, seconds=time.monotonic() - started)
 
         if request.lockfile is None:
-            return failed(
-                "the nix backend builds images from a hashed lock only: run the resolve stage "
-                "(--stages resolve,build,...) or use --backend venv"
-            )
+            return failed(lock_required(self.name))
         entry = self.environments().get(request.env_id)
         lock_bytes = request.lockfile.read_bytes()
         if entry is None:
@@ -150,7 +153,7 @@ class NixBackend:
         with log_path.open("w", encoding="utf-8") as log:
             stream = self._nix_build(request.env_id, log)
             if stream is None:
-                return failed(_tail(log_path))
+                return failed(log_tail(log_path, EXCERPT_LINES))
             known = self._marker().get(request.env_id, {})
             if known.get("stream") == stream and known.get("image_id"):
                 info = self.runner.inspect(known["image_id"])
@@ -158,7 +161,7 @@ class NixBackend:
                     return Built(
                         ok=True,
                         env_id=request.env_id,
-                        image_digest=_image_id(info),
+                        image_digest=image_id(info),
                         lock_hash=lock_hash,
                         installed=installed,
                         cached=True,
@@ -166,16 +169,16 @@ class NixBackend:
                     )
             reference = self._load(stream, log)
         if reference is None:
-            return failed(_tail(log_path))
+            return failed(log_tail(log_path, EXCERPT_LINES))
         info = self.runner.inspect(reference)
         if info is None:
             return failed(f"{self.tool} load succeeded but {reference} cannot be inspected")
-        image_id = _image_id(info)
-        self._remember(request.env_id, {"stream": stream, "image_id": image_id, "reference": reference})
+        digest = image_id(info)
+        self._remember(request.env_id, {"stream": stream, "image_id": digest, "reference": reference})
         return Built(
             ok=True,
             env_id=request.env_id,
-            image_digest=image_id,
+            image_digest=digest,
             lock_hash=lock_hash,
             installed=installed,
             seconds=time.monotonic() - started,
@@ -234,11 +237,8 @@ class NixBackend:
             return {}
 
     def _remember(self, env_id: str, entry: dict[str, str]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
         marker = {**self._marker(), env_id: entry}
-        tmp = self.root / (MARKER + ".tmp")
-        tmp.write_text(json.dumps(marker, indent=1, sort_keys=True), encoding="utf-8")
-        tmp.replace(self.root / MARKER)
+        atomic_write(self.root / MARKER, json.dumps(marker, indent=1, sort_keys=True))
 
     # -- run: exactly as the container backend -----------------------------------------------------
     def model_location(self, model_dir: Path) -> str:
@@ -294,14 +294,3 @@ def nix_backend(
         flake=flake,
         targets=targets_from_plan(plan) if plan is not None else None,
     )
-
-
-def _image_id(info: Mapping[str, Any]) -> str:
-    """`sha256:<hex>`, as docker prints it; podman's inspect gives the bare hex."""
-    raw = str(info.get("Id", ""))
-    return raw if raw.startswith("sha256:") else f"sha256:{raw}"
-
-
-def _tail(path: Path, lines: int = _EXCERPT_LINES) -> str:
-    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(text[-lines:])

@@ -17,13 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
+from servematrix.util import log_tail, uv_env
 
 MARKER = "servematrix-env.json"
-
-
-def uv_env() -> dict[str, str]:
-    # uv would otherwise spend seconds trying to download a Python it may not reach.
-    return {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
 
 
 class VenvBackend(HostProcesses):
@@ -81,7 +77,7 @@ class VenvBackend(HostProcesses):
                     return Built(
                         ok=False,
                         env_id=request.env_id,
-                        excerpt=_tail(log_path, 25),
+                        excerpt=log_tail(log_path, 25),
                         seconds=time.monotonic() - started,
                     )
         freeze = subprocess.run(
@@ -129,8 +125,3 @@ class VenvBackend(HostProcesses):
 def _input_hash(request: BuildInput) -> str:
     payload = {"python": request.python, "requirements": request.requirements, "lock": request.lock_hash}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _tail(path: Path, lines: int) -> str:
-    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(text[-lines:])

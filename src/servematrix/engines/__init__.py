@@ -27,21 +27,18 @@ from typing import TYPE_CHECKING
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from servematrix import tomlsource
 from servematrix.errors import InputError
+from servematrix.tomlsource import DataTable
 
 if TYPE_CHECKING:
     from servematrix.cells import Cell
     from servematrix.verdict import Verdict
 
 
-class _Data(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Ranged(_Data):
+class _Ranged(DataTable):
     versions: str
 
     @field_validator("versions")
@@ -90,18 +87,18 @@ class ModeEvidence(_Ranged):
     source: str = ""
 
 
-class ImportCheckSpec(_Data):
+class ImportCheckSpec(DataTable):
     """The import pre-flight (stages/importcheck.py): what to import in an environment built from its lock,
     and which lines mean "this needs a GPU" (inconclusive on a CPU) rather than a broken stack."""
 
     modules: tuple[str, ...] = ()
     help: tuple[str, ...] = ()  # argv; "python" is the environment's interpreter
-    env: dict[str, str] = {}
+    env: dict[str, str] = Field(default_factory=dict)
     needs_gpu: tuple[str, ...] = ()
     cost: str = ""  # what one check costs (disk, time), said before a run starts
 
 
-class Readiness(_Data):
+class Readiness(DataTable):
     path: str
     interval_s: float = Field(gt=0)
     timeout_s: float = Field(gt=0)
@@ -111,7 +108,7 @@ class Readiness(_Data):
     confirm_path: str = ""
 
 
-class Requirements(_Data):
+class Requirements(DataTable):
     model_config = ConfigDict(extra="allow", frozen=True)
     extra: tuple[str, ...] = ()
 
@@ -120,13 +117,13 @@ class Requirements(_Data):
         return value if isinstance(value, str) else None
 
 
-class Prepare(_Data):
+class Prepare(DataTable):
     """What must exist before the server starts; `{workdir}` is the run's work directory."""
 
     directories: tuple[str, ...] = ()
 
 
-class ModeFlags(_Data):
+class ModeFlags(DataTable):
     """What a mode means for one engine version."""
 
     applicable: bool
@@ -134,7 +131,7 @@ class ModeFlags(_Data):
     reason: str
 
 
-class Engine(_Data):
+class Engine(DataTable):
     name: str
     description: str
     axes: tuple[str, ...]
@@ -147,14 +144,14 @@ class Engine(_Data):
     trace_modes: tuple[str, ...] = ()  # modes whose capture goes through dynamo
     default_port: int
     requirements: Requirements
-    env: dict[str, str] = {}
+    env: dict[str, str] = Field(default_factory=dict)
     prepare: Prepare = Prepare()
     readiness: Readiness
     launch: tuple[LaunchRow, ...]
     mode_flags: tuple[ModeFlagsRow, ...]
     flag_renames: tuple[FlagRename, ...] = ()
-    pins: dict[str, dict[str, str]] = {}
-    model_builders: dict[str, str] = {}
+    pins: dict[str, dict[str, str]] = Field(default_factory=dict)
+    model_builders: dict[str, str] = Field(default_factory=dict)
     import_check: ImportCheckSpec = ImportCheckSpec()
     # The OpenAI API's `ignore_eos` extra: every request then makes exactly output_len tokens. transformers
     # serve refuses unknown fields (422), so it is the engine's to say.

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packaging.version import InvalidVersion, Version
-
 from servematrix.engines import load_engine
 from servematrix.redact import secret_variable
 from servematrix.report.escape import code, is_slug, text
+from servematrix.report.rows import tok_s, version_key
 from servematrix.stages import bench
 from servematrix.store import Row
+from servematrix.util import atomic_write
+from servematrix.verdict import RETRY_KINDS
 
 if TYPE_CHECKING:
     from servematrix.report.regressions import Regression
@@ -48,16 +49,6 @@ class Extras:
 
 
 NO_EXTRAS = Extras()
-
-
-def tok_s(row: Row) -> dict[int, float]:
-    metrics = row.get("metrics") or {}
-    out: dict[int, float] = {}
-    for level in metrics.get("levels", []):
-        median = (level.get("output_tok_s") or {}).get("median")
-        if median is not None and level.get("completion_tokens"):
-            out[int(level["concurrency"])] = float(median)
-    return out
 
 
 def speedup(first: Row | None, second: Row | None) -> tuple[float, int] | None:
@@ -151,7 +142,7 @@ def no_speedup(first: Row | None, second: Row | None) -> str:
         return "predicted"
     if fk == "predicted-fail":
         return "first-predicted"
-    if kinds & {"error", "interrupted"}:
+    if kinds & RETRY_KINDS:
         return "error"
     if sk == "skipped":
         return SKIP_REASONS.get(sd, "skipped")
@@ -264,16 +255,6 @@ def _axis(row: Row, axis: str) -> str:
     return value
 
 
-def version_key(value: str) -> tuple[int, Version | str]:
-    """`pinned` first, then versions in order, then anything else by name."""
-    if value == "pinned":
-        return (0, "")
-    try:
-        return (1, Version(value))
-    except InvalidVersion:
-        return (2, value)
-
-
 def failure_class(verdict: str) -> str | None:
     """The failure class a verdict names (`fail:<class>`, `predicted-fail:<class>`), if any. A class names a
     page file and an anchor, so a verdict from a merged store whose class is not a plain name (a path, markup)
@@ -366,8 +347,4 @@ def last_line(excerpt: str, limit: int = 200) -> str:
 
 
 def write(rows: Sequence[Row], out: Path, title: str = "Compatibility", extras: Extras = NO_EXTRAS) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(render(rows, title, extras), encoding="utf-8")
-    tmp.replace(out)  # never a half-written table
-    return out
+    return atomic_write(out, render(rows, title, extras))  # never a half-written table

@@ -6,6 +6,7 @@ nothing changes no file in the docs.
 
 from __future__ import annotations
 
+import io
 import statistics
 import textwrap
 from collections.abc import Sequence
@@ -22,9 +23,11 @@ from matplotlib.colors import TwoSlopeNorm
 
 from servematrix.engines import load_engine
 from servematrix.report.escape import slug
-from servematrix.report.markdown import NO_SPEEDUP, no_speedup, no_speedup_text, speedup, version_key
+from servematrix.report.markdown import NO_SPEEDUP, no_speedup, no_speedup_text, speedup
 from servematrix.report.regressions import spreads
+from servematrix.report.rows import version_key
 from servematrix.store import Row
+from servematrix.util import atomic_write
 
 MODE_STYLES = ("-", "--", ":", "-.")
 # How a square without a speedup looks, per `markdown.NO_SPEEDUP` status: (face, hatch, edge). Observed
@@ -282,7 +285,7 @@ def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
 
 
 def _save(fig: plt.Figure, path: Path) -> None:
-    tmp = path.with_suffix(".tmp.svg")
-    fig.savefig(tmp, format="svg", bbox_inches="tight", metadata={"Date": None})
+    svg = io.BytesIO()
+    fig.savefig(svg, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
-    tmp.replace(path)
+    atomic_write(path, svg.getvalue())

@@ -24,10 +24,11 @@ from typing import Any
 from servematrix.errors import InputError
 from servematrix.report.regressions import load_export, published_rows, scrub_host_paths
 from servematrix.store import Row, Store
+from servematrix.util import DEFAULT_WORKDIR
 from servematrix.verdict import cpu_only, observed
 
 PUBLISHED_SITE = Path("docs")
-PREVIEW_DIR = Path(".servematrix/report")
+PREVIEW_DIR = DEFAULT_WORKDIR / "report"
 RECORD = Path("results") / "latest.json"  # the published record, inside the site
 
 

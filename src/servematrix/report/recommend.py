@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from servematrix.report.markdown import tok_s, version_key
+from servematrix.report.rows import tok_s, version_key
 from servematrix.store import Row
 
 # Verdicts that rule a cell out, and those that say nothing yet (a GPU is needed to decide).

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.store import COLUMNS, Row
+from servematrix.util import atomic_write
 from servematrix.verdict import cpu_only, observed
 
 SCHEMA = 1
@@ -121,11 +122,7 @@ def scrub_host_paths(text: str) -> str:
 
 
 def write_export(export: Mapping[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(export, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write(path, json.dumps(export, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def load_export(path: Path) -> dict[str, Any] | None:

@@ -40,8 +40,6 @@ from servematrix.report.markdown import (
     no_speedup_text,
     reproduce,
     speedup,
-    tok_s,
-    version_key,
 )
 from servematrix.report.plots import Plot, write_plots
 from servematrix.report.recommend import nearest_fixes
@@ -54,7 +52,9 @@ from servematrix.report.regressions import (
     spreads,
     write_export,
 )
+from servematrix.report.rows import tok_s, version_key
 from servematrix.store import Row
+from servematrix.util import atomic_write
 
 MARKDOWN_NAME = "compatibility.md"
 HTML_NAME = "compatibility.html"
@@ -110,7 +110,7 @@ def build_report(
         baseline=shown_baseline,
     )
     md_path = markdown.write(rows, out_dir / markdown_name, title, extras)
-    html_path = _write_text(
+    html_path = atomic_write(
         out_dir / HTML_NAME,
         render_html(rows, title=title, plots=plots, regressions=regressions, baseline=shown_baseline),
     )
@@ -139,14 +139,6 @@ def _shown(path: Path, out_dir: Path) -> str:
         except ValueError:
             continue
     return path.name
-
-
-def _write_text(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
 
 
 def _environment(**options: Any) -> jinja2.Environment:
@@ -233,11 +225,11 @@ def write_failure_pages(
     for entry in classes.values():
         cells = [_failure_cell(row, nearest) for row in sorted(by_class.get(entry.id, []), key=_failure_order)]
         text = page.render(cls=entry, cells=cells, html=HTML_NAME, table=table)
-        written.append(_write_text(out_dir / _page_name(entry.id), text))
+        written.append(atomic_write(out_dir / _page_name(entry.id), text))
     index = env.get_template("failures-index.md.j2").render(
         classes=list(classes.values()), counts={cls: len(rows) for cls, rows in by_class.items()}
     )
-    written.append(_write_text(out_dir / "index.md", index))
+    written.append(atomic_write(out_dir / "index.md", index))
     keep = {p.name for p in written}
     for stale in out_dir.glob("*.md"):
         if stale.name not in keep:

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Literal
 
 from servematrix.classify import classify_text
 from servematrix.engines import Engine
+from servematrix.util import atomic_write, run_captured, uv_env
 
 Outcome = Literal["pass", "fail", "inconclusive", "error"]
 RESULT_SCHEMA = 1
@@ -43,19 +43,13 @@ class ImportCheck:
 
 def find_python(version: str) -> str | None:
     """An interpreter of this X.Y on the host: uv's view of the system, else pyenv's versions."""
-    found = subprocess.run(
-        ["uv", "python", "find", "--python-preference", "only-system", version],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
-        check=False,
+    found = run_captured(
+        ["uv", "python", "find", "--python-preference", "only-system", version], env=uv_env(), timeout_s=None
     )
     candidates = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
     candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")))
     for candidate in candidates:
-        probe = subprocess.run(
-            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
-        )
+        probe = run_captured([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout_s=None)
         if probe.returncode == 0 and probe.stdout.strip() == version:
             return candidate
     return None
@@ -87,11 +81,8 @@ def import_check(
             outcome=outcome, klass=klass, evidence=evidence, excerpt=excerpt[-3000:], seconds=time.monotonic() - started
         )
         if outcome in ("pass", "fail", "inconclusive"):  # facts about the lock; an error may pass
-            result_path.parent.mkdir(parents=True, exist_ok=True)
             record = {"schema": RESULT_SCHEMA, "lock": lockfile.name, "result": asdict(result)}
-            tmp = result_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-            tmp.replace(result_path)
+            atomic_write(result_path, json.dumps(record, indent=1) + "\n")
         return result
 
     python = find_python(python_version)
@@ -99,8 +90,12 @@ def import_check(
         return done("error", "no-python", f"no Python {python_version} on this host for the import check")
     venv = root / "venvs" / key
     shutil.rmtree(venv, ignore_errors=True)
-    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "NO_COLOR": "1"}
+    env = uv_env(NO_COLOR="1")
     env.pop("VIRTUAL_ENV", None)
+
+    def took_too_long(argv: list[str]) -> ImportCheck:
+        return done("error", "timeout", f"`{' '.join(argv[:3])}` took more than {timeout_s:.0f} s")
+
     try:
         for step in (
             ["uv", "venv", "--quiet", "--python", python, str(venv)],
@@ -117,7 +112,9 @@ def import_check(
                 str(lockfile),
             ],
         ):
-            run = subprocess.run(step, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+            run = run_captured(step, env=env, timeout_s=timeout_s)
+            if run.timed_out:
+                return took_too_long(step)
             if run.returncode != 0:
                 last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
                 return done("error", "install", f"`{' '.join(step[:3])}` failed: {last}", run.stderr)
@@ -127,9 +124,9 @@ def import_check(
         if check.help:
             commands.append([python_in_venv if a in ("python", "python3") else a for a in check.help])
         for command in commands:
-            run = subprocess.run(
-                command, capture_output=True, text=True, env={**env, **check.env}, timeout=timeout_s, check=False
-            )
+            run = run_captured(command, env={**env, **check.env}, timeout_s=timeout_s)
+            if run.timed_out:
+                return took_too_long(command)
             if run.returncode == 0:
                 continue
             text = run.stdout + "\n" + run.stderr
@@ -144,7 +141,5 @@ def import_check(
             deciding = text.splitlines()[match.line - 1].strip() if match.line else last
             return done("fail", match.cls, ", ".join((*match.evidence, deciding)), text)
         return done("pass", evidence=f"imported {', '.join(check.modules)}" + (" and ran --help" if check.help else ""))
-    except subprocess.TimeoutExpired as exc:
-        return done("error", "timeout", f"`{' '.join(map(str, exc.cmd[:3]))}` took more than {timeout_s:.0f} s")
     finally:
         shutil.rmtree(venv, ignore_errors=True)

@@ -16,10 +16,9 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -39,6 +38,8 @@ from servematrix.lockfile import (
     read_lock_header,
     render_header,
 )
+from servematrix.util import Captured, atomic_write, run_captured, uv_env
+from servematrix.verdict import harness_faults
 
 __all__ = [
     "ReleasePinsError",
@@ -220,59 +221,6 @@ def lock_header(req: ResolveRequest, *, crossed: Mapping[str, Mapping[str, str]]
 
 # --------------------------------------------------------------------------------- failure classification
 
-# Infrastructure first: whatever else the text says, a run that touched any of these did not get a fair
-# answer from the index. Patterns are deliberately specific ("timed out", not "timeout") because package
-# names such as async-timeout appear in resolver explanations.
-_NETWORK_PATTERNS = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"\bfailed to fetch\b",
-        r"\bfailed to download\b",
-        r"\berror sending request\b",
-        r"\brequest failed after \d+ retr",
-        r"\bconnection (?:refused|reset|closed|aborted)\b",
-        r"\btcp connect error\b",
-        r"\bdns error\b",
-        r"\bfailed to lookup address\b",
-        r"\bname or service not known\b",
-        r"\btemporary failure in name resolution\b",
-        r"\bno address associated with hostname\b",
-        r"\bnetwork is unreachable\b",
-        r"\bno route to host\b",
-        r"\btimed out\b",
-        r"\bnetwork timeout\b",
-        r"\bdeadline has elapsed\b",
-        r"\bHTTP status server error\b",
-        r"\b(?:500 Internal Server Error|502 Bad Gateway|503 Service Unavailable|504 Gateway Timeout)\b",
-        r"\bcertificate verify failed\b",
-        r"\binvalid peer certificate\b",
-        r"\bunexpected end of file\b",
-        r"\bbroken pipe\b",
-    )
-)
-
-# `--offline` could not answer from uv's cache: says nothing about the versions.
-_OFFLINE_MISS_PATTERNS = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"was not found in the cache",
-        r"network was disabled",
-        r"\bnetwork connectivity is disabled\b",
-    )
-)
-
-_CONFLICT_PATTERNS = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"\bno solution found\b",
-        r"\bunsatisfiable\b",
-        r"\bno wheels with a matching platform tag\b",
-        r"\bno version of\b",
-        r"\bwas not found in the package registry\b",
-        r"\bthere is no version of\b",
-    )
-)
-
 
 def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
@@ -310,12 +258,14 @@ def trim_reason(stderr: str, *, max_lines: int = _MAX_REASON_LINES) -> str:
 
 
 def _failure_kind(stderr: str) -> Literal["network", "offline-miss", "conflict", "other"]:
+    """Which kind of failure uv's stderr shows, by the patterns of data/harness_faults.toml [resolve]."""
     text = _strip_ansi(stderr)
-    if any(p.search(text) for p in _NETWORK_PATTERNS):
+    rules = harness_faults().resolve
+    if any(p.search(text) for p in rules.network_patterns):
         return "network"
-    if any(p.search(text) for p in _OFFLINE_MISS_PATTERNS):
+    if any(p.search(text) for p in rules.offline_miss_patterns):
         return "offline-miss"
-    if any(p.search(text) for p in _CONFLICT_PATTERNS):
+    if any(p.search(text) for p in rules.conflict_patterns):
         return "conflict"
     return "other"
 
@@ -337,81 +287,35 @@ def classify_failure(stderr: str) -> tuple[Status, str]:
 # ---------------------------------------------------------------------------------------------- running uv
 
 
-@dataclass(frozen=True)
-class _UvRun:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _uv_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _run_uv(argv: list[str], *, cwd: Path, timeout_s: float) -> Captured:
     # A resolve must never download an interpreter; it only needs to reason about tags.
-    env["UV_PYTHON_DOWNLOADS"] = "never"
-    env["NO_COLOR"] = "1"
-    return env
-
-
-def _run_uv(argv: list[str], *, cwd: Path, timeout_s: float) -> _UvRun:
-    try:
-        proc = subprocess.run(
-            argv,
-            cwd=cwd,
-            env=_uv_env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    run = run_captured(argv, cwd=cwd, env=uv_env(NO_COLOR="1"), timeout_s=timeout_s)
+    if run.problem is not None:
         # Phrased so that classify_failure sees infrastructure, not a verdict.
-        return _UvRun(124, "", f"error: uv did not finish: timed out after {timeout_s:g} s")
-    except FileNotFoundError:
-        return _UvRun(127, "", f"error: uv executable not found: {argv[0]}")
-    except OSError as exc:
-        return _UvRun(126, "", f"error: could not run {argv[0]}: {exc}")
-    return _UvRun(proc.returncode, proc.stdout, proc.stderr)
+        return replace(run, stderr=f"error: {run.problem}")
+    return run
 
 
 @functools.lru_cache(maxsize=8)
-def _uv_version_cached(uv: str) -> str:
+def _uv_version(uv: str) -> str:
     run = _run_uv([uv, "--version"], cwd=Path.cwd(), timeout_s=60)
     # "uv 0.13.9 (x86_64-unknown-linux-gnu)": the build triple is the machine's, not the lock's.
     words = run.stdout.split()
     return " ".join(words[:2]) if run.returncode == 0 and words else "uv (unknown version)"
 
 
-def _uv_version(uv: str) -> str:
-    return _uv_version_cached(uv)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _attempts(offline_first: bool) -> tuple[bool, ...]:
     return (True, False) if offline_first else (False,)
 
 
-def _compile(req: ResolveRequest, *, uv: str, offline_first: bool, timeout_s: float) -> _UvRun:
+def _compile(req: ResolveRequest, *, uv: str, offline_first: bool, timeout_s: float) -> Captured:
     with tempfile.TemporaryDirectory(prefix="servematrix-resolve-") as tmp:
         work = Path(tmp)
         (work / _REQUIREMENTS_NAME).write_text("\n".join(req.requirements) + "\n", encoding="utf-8")
         if req.overrides:
             (work / _OVERRIDES_NAME).write_text("\n".join(req.overrides) + "\n", encoding="utf-8")
         base = [uv, "pip", "compile", *_compile_args(req), "--color", "never"]
-        run = _UvRun(1, "", "error: uv was not run")
+        run = Captured(returncode=1, stdout="", stderr="error: uv was not run")
         for offline in _attempts(offline_first):
             run = _run_uv([*base, "--offline"] if offline else base, cwd=work, timeout_s=timeout_s)
             # An offline failure of any kind proves nothing (a partial cache can even look like a
@@ -507,7 +411,7 @@ def _fetch_metadata(
         for url in extra_index_urls:
             argv += ["--extra-index-url", url]
         argv.append(f"{name}=={version}")
-        run = _UvRun(1, "", "error: uv was not run")
+        run = Captured(returncode=1, stdout="", stderr="error: uv was not run")
         for offline in (True, False):
             run = _run_uv([*argv, "--offline"] if offline else argv, cwd=Path(tmp), timeout_s=timeout_s)
             if run.returncode == 0:
@@ -552,7 +456,7 @@ def release_pins(
             extra_index_urls=tuple(extra_index_urls),
             timeout_s=timeout_s,
         )
-        _atomic_write(cached, metadata)
+        atomic_write(cached, metadata, durable=True)
     return parse_release_pins(cached.read_text(encoding="utf-8"), python_version=python_version, platform=platform)
 
 
@@ -644,5 +548,5 @@ def resolve(
 
     body = run.stdout if run.stdout.endswith("\n") else run.stdout + "\n"
     text = render_header(lock_header(req, crossed=crossed, resolver=_uv_version(uv))) + body
-    _atomic_write(lockfile, text)
+    atomic_write(lockfile, text, durable=True)
     return outcome("resolved", pins=parse_pins(body), lockfile=lockfile, crossed=crossed)

@@ -35,9 +35,10 @@ from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, Field
 
 from servematrix import tomlsource
+from servematrix.tomlsource import DataTable
 
 __all__ = [
     "ENTRIES",
@@ -85,10 +86,6 @@ class _Data:
     piecewise: tuple[tuple[SpecifierSet, _PiecewiseRow], ...]
 
 
-class _Row(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def _range(value: str) -> str:
     try:
         SpecifierSet(value)
@@ -100,19 +97,19 @@ def _range(value: str) -> str:
 Range = Annotated[str, AfterValidator(_range)]
 
 
-class _ProbeSection(_Row):
+class _ProbeSection(DataTable):
     packages: tuple[str, ...]
     assume_cuda: str = ""
     install_timeout_s: float = Field(default=1800, gt=0)
     probe_timeout_s: float = Field(default=300, gt=0)
 
 
-class _ModuleRow(_Row):
+class _ModuleRow(DataTable):
     flashinfer: Range
     module: str
 
 
-class _EntryRow(_Row):
+class _EntryRow(DataTable):
     sglang: Range
     arch: tuple[str | int, ...]
     entry: Literal["plain", "custom-op", "sglang-op", "none"]
@@ -120,7 +117,7 @@ class _EntryRow(_Row):
     source: str = ""
 
 
-class _PiecewiseRow(_Row):
+class _PiecewiseRow(DataTable):
     sglang: Range
     applicable: bool = True
     dynamo: bool = False
@@ -128,11 +125,11 @@ class _PiecewiseRow(_Row):
     reason: str = ""
 
 
-class _ProbeFile(_Row):
+class _ProbeFile(DataTable):
     schema_: int = Field(alias="schema")
     probe: _ProbeSection
     flashinfer_module: tuple[_ModuleRow, ...] = ()
-    flashinfer_features: dict[str, Range] = {}
+    flashinfer_features: dict[str, Range] = Field(default_factory=dict)
     fp4_entry: tuple[_EntryRow, ...] = ()
     piecewise: tuple[_PiecewiseRow, ...] = ()
 

@@ -1,0 +1,107 @@
+"""Plumbing that several modules need, written once: atomic file writes, running a program for its output,
+the environment uv runs in, and the last lines of a log.
+
+Standard library only, and nothing from servematrix: any module may import it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# Where a run keeps its store, environments, logs and report preview, relative to the working directory.
+DEFAULT_WORKDIR = Path(".servematrix")
+
+# The exit codes a shell gives a command it could not run or that ran out of time.
+EXIT_TIMED_OUT = 124
+EXIT_CANNOT_RUN = 126
+EXIT_NOT_FOUND = 127
+
+
+def atomic_write(path: Path | str, data: str | bytes, *, durable: bool = False) -> Path:
+    """Write `data` (text as UTF-8, unchanged newlines) to `path`: a reader sees the old file or all of the
+    new one, never a part, and a writer that fails leaves no temporary file behind.
+
+    The data goes to a temporary file beside `path` (a rename is atomic only within one filesystem), named
+    uniquely so that two writers of one path never write into each other's, and is renamed over `path`.
+    The file gets the permissions a plain open would give it (umask applies). `durable` also syncs the data
+    to disk before the rename, for files that must survive a power loss (committed locks).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as handle:
+            handle.write(payload)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+@dataclass(frozen=True, kw_only=True)
+class Captured:
+    """A program's exit status and output. `problem` says why it did not run to its end (it could not be
+    started, or ran out of time), naming the program; `returncode` is then the shell's code for that, and
+    `stderr` the problem."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    problem: str | None = None
+    timed_out: bool = False
+
+
+def run_captured(
+    argv: Sequence[str],
+    *,
+    timeout_s: float | None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> Captured:
+    """Run `argv` with stdin closed and its output captured as text. A program that cannot be started or
+    does not finish within `timeout_s` is a result (exit 127, 126 or 124, see `Captured.problem`), not an
+    exception: callers turn it into their own verdict."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return _not_run(EXIT_TIMED_OUT, f"{argv[0]} timed out after {timeout_s:g} s", timed_out=True)
+    except FileNotFoundError as exc:  # the program, or the working directory
+        return _not_run(EXIT_NOT_FOUND, f"{exc.filename or argv[0]}: not found")
+    except OSError as exc:
+        return _not_run(EXIT_CANNOT_RUN, f"cannot run {argv[0]}: {exc.strerror or exc}")
+    return Captured(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr)
+
+
+def _not_run(code: int, problem: str, *, timed_out: bool = False) -> Captured:
+    return Captured(returncode=code, stdout="", stderr=problem, problem=problem, timed_out=timed_out)
+
+
+def uv_env(**extra: str) -> dict[str, str]:
+    """This process's environment for running uv, plus `extra`: uv never downloads an interpreter (it would
+    spend seconds trying to reach one it may not reach; every interpreter it needs is already here)."""
+    return {**os.environ, "UV_PYTHON_DOWNLOADS": "never", **extra}
+
+
+def log_tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a text file (a build log), undecodable bytes replaced."""
+    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(text[-lines:])
