@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import tomllib
@@ -37,6 +35,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from servematrix.errors import InputError
 from servematrix.lockfile import LockedPackage, TargetError, marker_environment, parse_lock, platform_parts, target_tags
 from servematrix.options import NIX_ENVS, command_parser, validate
+from servematrix.util import atomic_write, run_captured, uv_env
 
 __all__ = [
     "DEFAULT_BASE",
@@ -293,17 +292,10 @@ def _uv_pylock(env: LockedEnvironment, *, uv: str, timeout_s: float) -> dict:
     for url in env.extra_index_urls:
         args += ["--extra-index-url", url]
     with tempfile.TemporaryDirectory(prefix="servematrix-nixexport-") as cwd:
-        done = subprocess.run(
-            args,
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
-            check=False,
-        )
+        done = run_captured(args, cwd=cwd, timeout_s=timeout_s, env=uv_env())
     if done.returncode != 0:
-        raise ExportError(f"{env.env_id}: uv could not list the locked files:\n{done.stderr.strip()[-2000:]}")
+        why = done.problem or done.stderr.strip()[-2000:]
+        raise ExportError(f"{env.env_id}: uv could not list the locked files:\n{why}")
     return tomllib.loads(done.stdout)
 
 
@@ -452,10 +444,7 @@ def command(args: argparse.Namespace) -> int:
         print(f"{args.out}: in step with the locks", file=sys.stderr)
         return 0
     result = export(matrices, root=args.root, lock_dir=args.lock_dir, bases=args.bases, uv=args.uv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(result.text, encoding="utf-8")
-    tmp.replace(args.out)
+    atomic_write(args.out, result.text)
     for env_id, reason in result.skipped.items():
         print(f"skipped {env_id}: {reason}", file=sys.stderr)
     document = result.document

@@ -31,9 +31,10 @@ from servematrix.plan import GITHUB_MAX_JOBS
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.stages import STAGES
 from servematrix.store import DEFAULT_STORE
+from servematrix.util import DEFAULT_WORKDIR
 
 DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
-DEFAULT_WORKDIR = Path(".servematrix")
+
 # nix/envs.json, the export that flake.nix reads (nixexport.DEFAULT_OUT is this path).
 NIX_ENVS = Path("nix/envs.json")
 EXIT_REGRESSION = 3

@@ -44,18 +44,19 @@ from servematrix.stages import CPU_STAGES, STAGES, bench, build, importcheck, se
 from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store import DEFAULT_STORE, Store
 from servematrix.store import now as store_now
+from servematrix.util import DEFAULT_WORKDIR
 from servematrix.verdict import Verdict
 
 CPU_SMOKE = "matrix/cpu-smoke.toml"
 # The project's own servematrix directory: built models may live there even when --workdir is elsewhere.
-PROJECT_DIR = Path(".servematrix")
+PROJECT_DIR = DEFAULT_WORKDIR
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
     stages: tuple[str, ...] = STAGES
     store: Path = DEFAULT_STORE
-    workdir: Path = Path(".servematrix")
+    workdir: Path = DEFAULT_WORKDIR
     lock_dir: Path | None = None  # default: locks/ beside the matrix file
     rerun: bool = False
     trust_probe: bool = False

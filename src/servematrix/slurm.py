@@ -30,6 +30,7 @@ from pathlib import Path
 from servematrix.errors import InputError
 from servematrix.plan import GITHUB_MAX_JOBS, github_matrix, make_plan
 from servematrix.stages import STAGES
+from servematrix.util import DEFAULT_WORKDIR
 
 MERGE_TIME_MINUTES = 30
 # `servematrix` as this interpreter runs it; a compute node without it takes --launcher instead.
@@ -280,7 +281,7 @@ def _merge_script(options: SubmitOptions, stores: Sequence[Path]) -> str:
 def options_from_args(args: argparse.Namespace) -> SubmitOptions:
     """`servematrix submit`'s parsed and checked options (servematrix.options declares and checks them)."""
     cwd = Path.cwd()
-    out = args.out or Path(".servematrix/slurm") / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or DEFAULT_WORKDIR / "slurm" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     # Absolute, because the jobs resolve paths on other nodes; the matrix stays as given (resolved from
     # --chdir, the submitting directory) so stored rows and reproduce commands read as in a local run.
     return SubmitOptions(

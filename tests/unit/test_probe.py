@@ -22,6 +22,7 @@ from servematrix.engines.sglang.traceprobe import (
     probe_cell,
     trace_probe,
 )
+from servematrix.util import Captured
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flagsurface"
 
@@ -140,14 +141,14 @@ class FakeProbe:
             self.builds.append(env_dir)
             return Path(sys.executable)
 
-        def run(argv, *, timeout_s, env):
+        def run(argv, *, timeout_s, env, cwd=None):
             self.runs.append(argv)
             assert "PYTHONPATH" not in env and env["CUDA_VISIBLE_DEVICES"] == ""
             out = self.stdout if self.stdout is not None else "noise\n" + json.dumps(self.report) + "\n"
-            return probe._Run(self.returncode, out, "a warning on stderr\n")
+            return Captured(returncode=self.returncode, stdout=out, stderr="a warning on stderr\n")
 
         monkeypatch.setattr(probe, "_ensure_env", ensure_env)
-        monkeypatch.setattr(probe, "_run", run)
+        monkeypatch.setattr(probe, "run_captured", run)
 
 
 UNTRACEABLE = {
@@ -297,15 +298,15 @@ def test_venv_is_built_once_with_the_pair(tmp_path, monkeypatch, installer):
     monkeypatch.setattr(probe.shutil, "which", lambda name: "/fake/uv")
     calls: list[list[str]] = []
 
-    def run(argv, *, timeout_s, env):
+    def run(argv, *, timeout_s, env, cwd=None):
         calls.append(argv)
         assert env["UV_PYTHON_DOWNLOADS"] == "never"
         python = tmp_path / "env" / "bin" / "python"
         python.parent.mkdir(parents=True, exist_ok=True)
         python.touch()
-        return probe._Run(0, "", "")
+        return Captured(returncode=0, stdout="", stderr="")
 
-    monkeypatch.setattr(probe, "_run", run)
+    monkeypatch.setattr(probe, "run_captured", run)
     for _ in range(2):
         python = probe._ensure_env(
             tmp_path / "env", torch_version="2.13.0", flashinfer_version="0.6.3", data=probe._data()
@@ -322,11 +323,15 @@ def test_venv_is_built_once_with_the_pair(tmp_path, monkeypatch, installer):
 def test_a_failed_install_leaves_no_half_built_venv(tmp_path, monkeypatch):
     monkeypatch.setenv(probe.INSTALLER_ENV, "pip")
 
-    def run(argv, *, timeout_s, env):
+    def run(argv, *, timeout_s, env, cwd=None):
         (tmp_path / "env" / "bin").mkdir(parents=True, exist_ok=True)
-        return probe._Run(0 if "venv" in argv else 1, "", "ERROR: No matching distribution found for torch==0.0")
+        return Captured(
+            returncode=0 if "venv" in argv else 1,
+            stdout="",
+            stderr="ERROR: No matching distribution found for torch==0.0",
+        )
 
-    monkeypatch.setattr(probe, "_run", run)
+    monkeypatch.setattr(probe, "run_captured", run)
     with pytest.raises(probe._EnvError, match="No matching distribution"):
         probe._ensure_env(tmp_path / "env", torch_version="0.0", flashinfer_version="0.6.3", data=probe._data())
     assert not (tmp_path / "env").exists()

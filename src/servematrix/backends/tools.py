@@ -7,7 +7,8 @@ registry is not a usable backend: a build there would fail and blame the stack f
 from __future__ import annotations
 
 import shutil
-import subprocess
+
+from servematrix.util import run_captured
 
 INFO_TIMEOUT_S = 30.0
 # A base image is pulled before the first build needs it; a CUDA devel image is several GB.
@@ -18,16 +19,8 @@ def probe_tool(tool: str) -> str | None:
     """None when `<tool> info` works; otherwise why not, in one line."""
     if shutil.which(tool) is None:
         return f"{tool} is not installed (not on PATH)"
-    try:
-        done = subprocess.run(
-            [tool, "info"],
-            capture_output=True,
-            text=True,
-            timeout=INFO_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    done = run_captured([tool, "info"], timeout_s=INFO_TIMEOUT_S)
+    if done.timed_out:
         return f"`{tool} info` did not answer within {INFO_TIMEOUT_S:.0f} s"
     if done.returncode == 0:
         return None
@@ -40,21 +33,10 @@ def probe_tool(tool: str) -> str | None:
 
 def base_image_problem(tool: str, image: str) -> str | None:
     """None when `image` is in the engine's store, or could be pulled now; otherwise why not, in one line."""
-    exists = subprocess.run(
-        [tool, "image", "inspect", image], capture_output=True, stdin=subprocess.DEVNULL, check=False
-    )
-    if exists.returncode == 0:
+    if run_captured([tool, "image", "inspect", image], timeout_s=INFO_TIMEOUT_S).returncode == 0:
         return None
-    try:
-        pulled = subprocess.run(
-            [tool, "pull", "--quiet", image],
-            capture_output=True,
-            text=True,
-            timeout=PULL_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    pulled = run_captured([tool, "pull", "--quiet", image], timeout_s=PULL_TIMEOUT_S)
+    if pulled.timed_out:
         return f"pulling {image} took more than {PULL_TIMEOUT_S:.0f} s"
     if pulled.returncode == 0:
         return None

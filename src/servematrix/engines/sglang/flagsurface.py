@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -42,6 +41,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from servematrix.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION, platform_parts
+from servematrix.util import atomic_write, run_captured
 
 # Bump when the extraction changes, so cached flag sets are re-read from the cached wheels.
 SCHEMA = 1
@@ -230,7 +230,7 @@ def flag_surface(
             pass  # a torn or stale cache file is re-derived below
     wheel = download_wheel(sglang_version, dest=cache_dir / "wheels", target=download_target(python_version, platform))
     surface = surface_from_wheel(wheel, version=sglang_version)
-    _write_atomic(cached, json.dumps(surface.to_json(), indent=1, sort_keys=True) + "\n")
+    atomic_write(cached, json.dumps(surface.to_json(), indent=1, sort_keys=True) + "\n")
     return surface
 
 
@@ -252,7 +252,7 @@ def download_wheel(sglang_version: str, *, dest: Path, target: Sequence[str] | N
             "-d",
             tmp,
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        proc = run_captured(cmd, timeout_s=900)
         found = _find_wheel(Path(tmp), sglang_version)
         if proc.returncode != 0 or not found:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
@@ -782,15 +782,3 @@ def _pip_command() -> list[str]:
     if uv:
         return [uv, "tool", "run", "--from", "pip", "pip"]
     raise FlagSurfaceError("neither pip nor uv is available to download the sglang wheel")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

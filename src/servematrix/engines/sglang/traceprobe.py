@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from pydantic import AfterValidator, Field
 
 from servematrix import tomlsource
 from servematrix.tomlsource import DataTable
+from servematrix.util import atomic_write, run_captured, uv_env
 
 __all__ = [
     "ENTRIES",
@@ -315,7 +315,7 @@ def trace_probe(*, torch_version: str, flashinfer_version: str, entry: str, arch
     if module:
         argv += ["--module", module]
     with resources.as_file(resources.files(__package__).joinpath("probe_script.py")) as script:
-        run = _run([str(python), str(script), *argv], timeout_s=data.probe_timeout_s, env=_probe_env(env_dir))
+        run = run_captured([str(python), str(script), *argv], timeout_s=data.probe_timeout_s, env=_probe_env(env_dir))
     report = _last_json_line(run.stdout)
     if report is None:
         return finish(error=f"the probe script printed no report (exit {run.returncode}): {_tail(run.stderr)}")
@@ -371,10 +371,7 @@ def _read_result(path: Path) -> ProbeResult | None:
 
 def _write_result(path: Path, result: ProbeResult, report: dict) -> None:
     payload = {"schema": RESULT_SCHEMA, "result": asdict(result), "report": report}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------------------------------- venvs
@@ -382,13 +379,6 @@ def _write_result(path: Path, result: ProbeResult, report: dict) -> None:
 
 class _EnvError(RuntimeError):
     pass
-
-
-@dataclass(frozen=True)
-class _Run:
-    returncode: int
-    stdout: str
-    stderr: str
 
 
 def _installer() -> str:
@@ -446,7 +436,7 @@ def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, d
                 ],
             ]
         for step in steps:
-            run = _run(step, timeout_s=data.install_timeout_s, env=_install_env())
+            run = run_captured(step, timeout_s=data.install_timeout_s, env=_install_env())
             if run.returncode != 0:
                 shutil.rmtree(env_dir, ignore_errors=True)
                 raise _EnvError(f"probe venv: `{' '.join(step[:4])} ...` failed: {_tail(run.stderr or run.stdout)}")
@@ -455,9 +445,7 @@ def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, d
 
 
 def _install_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["UV_PYTHON_DOWNLOADS"] = "never"  # a probe venv uses an interpreter that is already here
-    env["NO_COLOR"] = "1"
+    env = uv_env(NO_COLOR="1")  # a probe venv uses an interpreter that is already here
     env.pop("VIRTUAL_ENV", None)
     return env
 
@@ -469,18 +457,6 @@ def _probe_env(env_dir: Path) -> dict[str, str]:
     env["PYTHONWARNINGS"] = "ignore"
     env["TORCHINDUCTOR_CACHE_DIR"] = str(env_dir / ".inductor-cache")
     return env
-
-
-def _run(argv: list[str], *, timeout_s: float, env: dict[str, str]) -> _Run:
-    try:
-        proc = subprocess.run(
-            argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return _Run(124, "", f"timed out after {timeout_s:g} s: {argv[0]}")
-    except OSError as exc:
-        return _Run(126, "", f"could not run {argv[0]}: {exc}")
-    return _Run(proc.returncode, proc.stdout, proc.stderr)
 
 
 def _last_json_line(stdout: str) -> dict | None:
