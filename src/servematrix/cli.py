@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from servematrix.backends.select import CHOICES as BACKENDS
+from servematrix.bisection.command import add_bisect_parser
 from servematrix.cells import DEFAULT_MAX_CELLS
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.pipeline import STAGES
@@ -259,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or JSON")
     classify.set_defaults(handler=cmd_classify)
     add_submit_parser(commands)
+    add_bisect_parser(commands)
     return parser
 
 
