@@ -354,9 +354,8 @@ def entry_verdict(result: probe.ProbeResult, *, needs_gpu: bool) -> Verdict:
     (the pipeline's `predicted-fail:dynamo-untraceable`), the entry point is missing, or no answer."""
     note = f"probe: {result.entry} on torch {result.torch}, flashinfer {result.flashinfer}"
     if result.traceable is True:
-        return Verdict(
-            kind="skipped", detail="no-gpu" if needs_gpu else "stages", excerpt=result.evidence, evidence=(note,)
-        )
+        detail = "no-gpu" if needs_gpu else "stages"
+        return Verdict(kind="skipped", detail=detail, excerpt=result.evidence, evidence=(f"{note}: {result.evidence}",))
     if result.traceable is False:
         return Verdict(kind="predicted-fail", detail="dynamo-untraceable", excerpt=result.evidence, evidence=(note,))
     if "LookupError" in result.error:
