@@ -221,10 +221,11 @@ class FakePipeline:
     the stages run), with the verdict `history(version, stage)` gives; raises KeyboardInterrupt (a kill) once it
     has run `kill_after` checks."""
 
-    def __init__(self, history: Callable[[str, str], tuple[str, str]], kill_after: int | None = None) -> None:
+    def __init__(self, history: Callable[[str, str], tuple[str, ...]], kill_after: int | None = None) -> None:
         self.history = history
         self.kill_after = kill_after
         self.calls: list[tuple[str, str]] = []
+        self.reruns: list[bool] = []
 
     def __call__(self, plan, backend, options, console=None) -> Summary:
         if self.kill_after is not None and len(self.calls) >= self.kill_after:
@@ -232,7 +233,8 @@ class FakePipeline:
         version = plan.cells[0].env.axes["kernels"]
         stage = "import" if "import" in options.stages else "probe"
         self.calls.append((version, stage))
-        result, excerpt = self.history(version, stage)
+        result, excerpt, *notes = self.history(version, stage)
+        self.reruns.append(options.rerun)
         with Store(options.store) as store:
             for cell in plan.cells:
                 store.record(
@@ -246,7 +248,7 @@ class FakePipeline:
                     inputs_hash=inputs_hash(plan, cell, options.stages),
                     verdict=result,
                     excerpt=excerpt,
-                    evidence=["import check: pass: imported sglang"] if result == "skipped:no-gpu" else [],
+                    evidence=notes or (["import check: pass: imported sglang"] if result == "skipped:no-gpu" else []),
                 )
         return Summary(run_id=options.run_id)
 
@@ -340,6 +342,25 @@ def test_a_killed_bisection_resumes_with_the_verdicts_it_stored(matrix, tmp_path
     again = FakePipeline(history)
     assert run_bisection(matrix, tmp_path, monkeypatch, again).first_bad == "0.16.2"
     assert again.calls == []
+
+
+def test_an_import_check_that_failed_to_install_is_skipped_then_run_again_on_resume(matrix, tmp_path, monkeypatch):
+    # The pipeline stores a cell whose import check hit an install fault as skipped:no-gpu (final), with a note.
+    faults = {"0.16.1"}
+    works = kernels_history("0.16.0")
+
+    def history(version: str, stage: str) -> tuple[str, ...]:
+        if stage == "import" and version in faults:
+            return "skipped:no-gpu", "needs 1x sm_999", "import check: error install: `uv pip install` failed: reset"
+        return works(version, stage)
+
+    first = run_bisection(matrix, tmp_path, monkeypatch, FakePipeline(history))
+    assert first.labels["0.16.1"] == "skip" and first.first_bad == "0.16.0"
+    faults.clear()  # the index answers again
+    resumed = FakePipeline(history)
+    again = run_bisection(matrix, tmp_path, monkeypatch, resumed)
+    assert resumed.calls == [("0.16.1", "import")] and resumed.reruns == [True]
+    assert again.labels["0.16.1"] == "bad" and again.first_bad == "0.16.0"
 
 
 def test_a_newer_good_release_finds_the_fix(matrix, tmp_path, monkeypatch):

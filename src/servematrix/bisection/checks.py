@@ -228,13 +228,19 @@ class Checker:
         if stage == "probe" and self.options.probe_entry:
             return self._entry_probe(plan, version)
         stages = PIPELINE_STAGES[stage]
-        cells = [c for c in plan.cells]
+        cells = list(plan.cells)
         with Store(self.options.store) as store:
             stored = [store.finished(c.id, inputs_hash(plan, c, stages)) for c in cells]
+        rerun = False
         if all(row is not None for row in stored):
-            return Check(
+            reused = Check(
                 version=version, stage=stage, cells=tuple(_result(r) for r in stored if r), reused=True, seconds=0.0
             )
+            # The pipeline keeps a cell whose import check failed to run (an install fault) as `skipped:no-gpu`,
+            # a final verdict; for a bisection that check decided nothing, and a fault is retried.
+            if not any(_import_fault(note) for cell in reused.cells for note in cell.evidence):
+                return reused
+            rerun = True
         self.say(f"{self.target.package} {version}: running {','.join(stages)}")
         started = time.monotonic()
         run_id = self._next_run_id()
@@ -243,6 +249,7 @@ class Checker:
             store=self.options.store,
             workdir=self.options.workdir,
             lock_dir=self.options.lock_dir,
+            rerun=rerun,
             run_id=run_id,
         )
         # The pipeline's own progress would interleave with the bisection's: its lines go nowhere.
@@ -372,6 +379,11 @@ def _result(row: Row) -> CellResult:
         evidence=tuple(str(e) for e in row.get("evidence") or ()),
         run_id=row["run_id"],
     )
+
+
+def _import_fault(note: str) -> bool:
+    found = _IMPORT_NOTE.match(note)
+    return bool(found and found.group(2) == "error")
 
 
 def _cached_import(note: str) -> bool:
