@@ -338,10 +338,14 @@ def test_a_killed_bisection_resumes_with_the_verdicts_it_stored(matrix, tmp_path
     assert found.first_bad == "0.16.2"
     assert not set(resumed.calls) & set(killed.calls)  # nothing checked before the kill runs again
     assert sum(c.reused for c in found.checks) == 5
-    # And once more: every check is in the store, nothing runs.
+    # And once more: every check is in the store, nothing runs, and the result is not noted twice.
+    with Store(tmp_path / "results.sqlite") as store:
+        noted = len([r for r in store.all_rows() if notes([r])])
     again = FakePipeline(history)
     assert run_bisection(matrix, tmp_path, monkeypatch, again).first_bad == "0.16.2"
     assert again.calls == []
+    with Store(tmp_path / "results.sqlite") as store:
+        assert len([r for r in store.all_rows() if notes([r])]) == noted == 2
 
 
 def test_an_import_check_that_failed_to_install_is_skipped_then_run_again_on_resume(matrix, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from packaging.version import Version
@@ -187,7 +188,7 @@ def _end(check: Check, flag: str) -> Check:
     )
 
 
-def record_note(bisection: Bisection, store_path: Any, run_id: str) -> int:
+def record_note(bisection: Bisection, store_path: Path, run_id: str) -> int:
     """The bisection's note on the failing side's failed cells, as new rows of those cells (same verdict and
     inputs, this bisection's run id), so the report's failure page of their class names the release. Returns
     how many rows were written."""
@@ -198,10 +199,9 @@ def record_note(bisection: Bisection, store_path: Any, run_id: str) -> int:
         rows = {(r["run_id"], r["cell_id"]): r for r in store.all_rows()}
         for cell in side.cells:
             row = rows.get((cell.run_id, cell.cell_id))
-            if row is None or failure_class(cell.verdict) is None:
-                continue
+            if row is None or failure_class(cell.verdict) is None or note in (row.get("evidence") or []):
+                continue  # no failure to explain, or a row this bisection already noted (a run read back)
             kept = {k: v for k, v in row.values.items() if k not in _NOT_COPIED}
-            evidence = [e for e in row.get("evidence") or [] if e != note]
-            store.record(**kept, run_id=run_id, evidence=[*evidence, note])
+            store.record(**kept, run_id=run_id, evidence=[*(row.get("evidence") or []), note])
             written += 1
     return written
