@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from servematrix.bisection.command import cmd_bisect
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, add_options, validate
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
@@ -380,6 +381,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": cmd_report,
     "recommend": cmd_recommend,
     "merge": cmd_merge,
+    "bisect": cmd_bisect,
     "schema": cmd_schema,
     "tiny-model": cmd_tiny_model,
     "classify": cmd_classify,

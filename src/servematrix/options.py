@@ -171,7 +171,18 @@ class Option:
         return parser.add_argument(*self.flags, help=self.help, **kwargs)
 
 
-PLANNED = ("plan", "run", "lock", "submit")  # commands that plan a matrix
+BISECT_EPILOG = """\
+examples:
+  servematrix bisect matrix/h200-smoke.toml --axis kernels --good 0.14.1 --bad 0.17.2
+  servematrix bisect matrix/h200-smoke.toml --select mode=piecewise --axis flashinfer \\
+      --good 0.6.12 --bad 0.6.11.post1 --probe-entry custom-op
+
+--good may be newer than --bad: the search then finds the release that fixed it.
+"""
+BISECT_STAGES = ("probe", "import", "serve")
+PROBE_ENTRIES = ("plain", "custom-op", "sglang-op")
+
+PLANNED = ("plan", "run", "lock", "submit", "bisect")  # commands that plan a matrix
 SHARDED = ("plan", "run", "lock")
 
 COMMANDS: tuple[Command, ...] = (
@@ -217,6 +228,16 @@ COMMANDS: tuple[Command, ...] = (
         help="merge shard stores into one (idempotent)",
         description="Merge shard stores into one, all or nothing: every input is checked before the target "
         "is touched, and rows the target has already are not added again.",
+    ),
+    Command(
+        name="bisect",
+        help="find the release of a package where an environment's verdict flips",
+        description="Binary search over a package's releases on the index, between --good and --bad, in one "
+        "environment of a matrix: both ends are checked stage by stage (probe, import, serve) until a stage "
+        "tells them apart, and the releases between are checked with that stage alone. Every check is a cell "
+        "run in the store; a bisection run again reuses them. Releases that cannot be installed are skipped "
+        "and reported.",
+        epilog=BISECT_EPILOG,
     ),
     Command(
         name="schema",
@@ -324,7 +345,7 @@ OPTIONS: tuple[Option, ...] = (
         default="auto",
         help="where environments are built and servers run. auto: podman or docker when it can get its base "
         "images, else venv (uv); nix: images from flake.nix; existing: build nothing, serve with --python",
-        commands=("run", "submit"),
+        commands=("run", "submit", "bisect"),
     ),
     Option(
         flags=("--python",),
@@ -337,7 +358,7 @@ OPTIONS: tuple[Option, ...] = (
         flags=("--store",),
         type=Path,
         help=f"the SQLite result store (default: {DEFAULT_STORE})",
-        commands=("run", "report"),
+        commands=("run", "report", "bisect"),
     ),
     Option(
         flags=("--workdir",),
@@ -346,14 +367,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DIR",
         help=f"environments, logs and built models (default: {DEFAULT_WORKDIR}); for submit, on a filesystem "
         "the nodes share",
-        commands=("run", "submit"),
+        commands=("run", "submit", "bisect"),
     ),
     Option(
         flags=("--lock-dir",),
         type=Path,
         metavar="DIR",
-        help="where the lock files are: run writes them, nix-export reads them (default: locks/ beside each matrix)",
-        commands=("run", "nix-export"),
+        help="where the lock files are: run writes them, nix-export reads them (default: locks/ beside each "
+        "matrix; for bisect, WORKDIR/locks)",
+        commands=("run", "nix-export", "bisect"),
     ),
     Option(
         flags=("--model-root",),
@@ -503,7 +525,42 @@ OPTIONS: tuple[Option, ...] = (
         choices=("text", "json"),
         default="text",
         help="text (default) or JSON",
-        commands=("recommend", "classify"),
+        commands=("recommend", "classify", "bisect"),
+    ),
+    # --- bisect
+    Option(
+        flags=("--axis",),
+        required=True,
+        metavar="NAME",
+        help="a matrix axis (sglang, torch, flashinfer, a `packages` axis) or any package the environment installs",
+        commands=("bisect",),
+    ),
+    Option(
+        flags=("--good",), required=True, metavar="V1", help="a release with the good verdict", commands=("bisect",)
+    ),
+    Option(flags=("--bad",), required=True, metavar="V2", help="a release with the bad verdict", commands=("bisect",)),
+    Option(flags=("--pre",), action="store_true", help="also try pre-releases between them", commands=("bisect",)),
+    Option(
+        flags=("--yanked",), action="store_true", help="also try yanked releases between them", commands=("bisect",)
+    ),
+    Option(
+        flags=("--stage",),
+        choices=BISECT_STAGES,
+        help="decide at this stage alone (default: the cheapest at which the ends differ)",
+        commands=("bisect",),
+    ),
+    Option(
+        flags=("--probe-entry",),
+        choices=PROBE_ENTRIES,
+        help="decide with the FP4 trace probe of this entry point alone (whether it exists and traces), on the "
+        "cells of trace modes",
+        commands=("bisect",),
+    ),
+    Option(
+        flags=("--index-url",),
+        metavar="URL",
+        help="the index to list releases from (default: the one uv would use)",
+        commands=("bisect",),
     ),
     # --- submit --slurm
     Option(

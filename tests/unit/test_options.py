@@ -87,7 +87,7 @@ def test_every_backend_option_offers_the_registry_choices():
         for action in actions(subparser)
         if "--backend" in action.option_strings
     }
-    assert set(found) == {"run", "submit"}
+    assert set(found) == {"run", "submit", "bisect"}
     assert all(tuple(choices or ()) == CHOICES for choices in found.values()), found
 
 

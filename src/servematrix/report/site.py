@@ -26,6 +26,7 @@ from typing import Any
 
 import jinja2
 
+from servematrix.bisection import notes as bisection_notes
 from servematrix.classify import Signature, load_signatures
 from servematrix.engines import available_engines, load_engine
 from servematrix.report import escape, markdown
@@ -224,7 +225,8 @@ def write_failure_pages(
     nearest = nearest_fixes(rows)
     for entry in classes.values():
         cells = [_failure_cell(row, nearest) for row in sorted(by_class.get(entry.id, []), key=_failure_order)]
-        text = page.render(cls=entry, cells=cells, html=HTML_NAME, table=table)
+        bisected = bisection_notes(by_class.get(entry.id, []))
+        text = page.render(cls=entry, cells=cells, html=HTML_NAME, table=table, bisected=bisected)
         written.append(atomic_write(out_dir / _page_name(entry.id), text))
     index = env.get_template("failures-index.md.j2").render(
         classes=list(classes.values()), counts={cls: len(rows) for cls, rows in by_class.items()}

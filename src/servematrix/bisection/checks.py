@@ -1,0 +1,392 @@
+"""One check of a bisection: one release, one stage, run through the pipeline as a one-environment plan.
+
+The bisected environment is the matrix's, with the bisected axis set to the release: a Spec whose axes hold
+one value each (the modes the selection kept), planned and run like any matrix. Each check is therefore a
+cell run in the store, and a check whose cells already have a final verdict for these inputs (a killed
+bisection, the matrix's own run) is read back instead of run. The import check is cached by lock body too.
+
+Stages, cheapest first, each with the pipeline stages it runs:
+
+    probe   resolve, probe   the flag surface and the FP4 trace probe (or one trace entry, --probe-entry)
+    import  resolve, import  the lock installed on this CPU and the engine's entry points imported
+    serve   every stage      on a host with the environment's GPUs
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from rich.console import Console
+
+from servematrix import hostinfo, verdict
+from servematrix.backends import Backend
+from servematrix.cells import Cell, Environment, content_hash
+from servematrix.engines.sglang import traceprobe as probe
+from servematrix.errors import InputError
+from servematrix.locking import resolve_request
+from servematrix.pipeline import RunOptions, gpu_ready, inputs_hash, run_plan
+from servematrix.plan import Plan, plan_spec
+from servematrix.redact import redact_argv, spec_secret_flags
+from servematrix.report.markdown import last_line
+from servematrix.report.regressions import scrub_host_paths
+from servematrix.spec import PACKAGE_NAME, Spec
+from servematrix.stages import STAGES
+from servematrix.stages.resolve import resolve
+from servematrix.store import Row, Store
+from servematrix.verdict import Verdict
+
+# The stages a bisection can decide at, cheapest first, and the pipeline stages each one runs.
+PIPELINE_STAGES: Mapping[str, tuple[str, ...]] = {
+    "probe": ("resolve", "probe"),
+    "import": ("resolve", "import"),
+    "serve": STAGES,
+}
+# Verdicts that say nothing about the release: it is skipped, and a neighbour is tried.
+UNDECIDED_KINDS = ("unresolvable", "error", "interrupted")
+# The pipeline notes an import check that could not decide (no GPU to load a library, an install fault) as
+# evidence of a cell it leaves `skipped:no-gpu`: for a bisection that is no verdict either.
+_IMPORT_NOTE = re.compile(r"^import check( \(cached\))?: (\w+)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """The one environment a bisection varies: the matrix's, with `axis` set to each release in turn."""
+
+    spec: Spec
+    axis: str  # the axis of the derived matrices (a matrix axis, or a package axis added for the bisection)
+    package: str  # the package whose releases are searched, as the index names it
+    added: bool  # the axis is not the matrix's: it is added as a package axis
+    env: Environment  # the selected environment (its value on `axis` is the matrix's)
+    modes: tuple[str, ...]
+
+    @property
+    def described(self) -> str:
+        axes = " ".join(f"{k}={'*' if k == self.axis else v}" for k, v in self.env.axes.items())
+        extra = f" {self.axis}=*" if self.added else ""
+        return f"{axes}{extra} mode={','.join(self.modes)}"
+
+
+def find_target(spec: Spec, select: Sequence[str], name: str) -> Target:
+    """The environment `--select` narrows the matrix to (apart from the bisected axis), and what to vary."""
+    axis, package, added = _axis(spec, name)
+    plan = plan_spec(spec, select)
+    others: dict[tuple[tuple[str, str], ...], Environment] = {}
+    for cell in plan.cells:
+        others.setdefault(tuple((k, v) for k, v in cell.env.axes.items() if k != axis), cell.env)
+    if len(others) != 1:
+        shown = "; ".join(" ".join(f"{k}={v}" for k, v in key) for key in list(others)[:3])
+        more = f"; and {len(others) - 3} more" if len(others) > 3 else ""
+        raise InputError(
+            f"bisect needs one environment, and the selection leaves {len(others)} (apart from {axis}): "
+            f"{shown}{more}. Narrow it with --select (e.g. --select env=ID)"
+        )
+    modes = tuple(m for m in spec.file.axes["mode"] if any(c.mode == m for c in plan.cells))
+    return Target(spec=spec, axis=axis, package=package, added=added, env=next(iter(others.values())), modes=modes)
+
+
+def _axis(spec: Spec, name: str) -> tuple[str, str, bool]:
+    """(axis, package, added) for `--axis NAME`: a matrix axis, the package an engine axis installs, or any
+    other package (added to the derived matrices as a package axis)."""
+    engine = spec.engine
+    if name in ("gpu", "mode"):
+        raise InputError(f"--axis {name}: bisect searches a package's releases; {name} is not a package")
+    if name in spec.file.packages:
+        return name, name, False
+    installs = {}
+    for axis in engine.axes:
+        template = engine.requirements.for_axis(axis)
+        if template is not None:
+            installs[axis] = canonicalize_name(Requirement(template.format(version="0")).name)
+    if name in engine.axes:
+        if name not in installs:
+            raise InputError(f"--axis {name}: the {name} axis names a {name} kind, not a package version")
+        return name, installs[name], False
+    package = canonicalize_name(name)
+    for axis, installed in installs.items():
+        if installed == package:
+            return axis, package, False
+    if not PACKAGE_NAME.match(package):
+        raise InputError(f"--axis {name!r}: neither an axis of {spec.path} nor a package name")
+    return package, package, True
+
+
+def derived_plan(target: Target, version: str) -> Plan:
+    """The plan of the target environment with its axis at `version`: one environment, the selected modes."""
+    spec = target.spec
+    axes = {axis: [value] for axis, value in target.env.axes.items()}
+    axes[target.axis] = [version]
+    axes["mode"] = list(target.modes)
+    packages = [*spec.file.packages, target.axis] if target.added else list(spec.file.packages)
+    file = spec.file.model_copy(update={"axes": axes, "packages": packages, "include": [], "exclude": []})
+    return plan_spec(spec.model_copy(update={"file": file, "include": (), "exclude": ()}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellResult:
+    mode: str
+    cell_id: str
+    verdict: str
+    excerpt: str = ""
+    evidence: tuple[str, ...] = ()
+    run_id: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """One release at one stage: the verdict of each selected cell."""
+
+    version: str
+    stage: str
+    cells: tuple[CellResult, ...]
+    reused: bool  # read from the store (or the import check's cache), not run now
+    seconds: float
+
+    @property
+    def verdict(self) -> str:
+        """What two checks are compared by: each mode's verdict."""
+        return ", ".join(f"{c.mode} {c.verdict}" for c in self.cells)
+
+    @property
+    def undecided(self) -> str | None:
+        """Why this check says nothing about the release (unresolvable, a fault), or None."""
+        for cell in self.cells:
+            if cell.verdict.startswith(UNDECIDED_KINDS):
+                return f"{cell.verdict}: {last_line(cell.excerpt)}".rstrip(": ")
+            for note in cell.evidence:
+                found = _IMPORT_NOTE.match(note)
+                if found and found.group(2) in ("inconclusive", "error"):
+                    return note
+        return None
+
+    @property
+    def evidence(self) -> str:
+        """The deciding line: a failing cell's last excerpt line, else what the stage noted."""
+        cell = next((c for c in self.cells if c.verdict.startswith(("fail", "predicted-fail"))), self.cells[0])
+        line = last_line(cell.excerpt) if cell.verdict.startswith(("fail", "predicted-fail", *UNDECIDED_KINDS)) else ""
+        line = line or (cell.evidence[0] if cell.evidence else last_line(cell.excerpt))
+        return f"{cell.verdict}: {scrub_host_paths(line)}" if line else cell.verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "stage": self.stage,
+            "verdicts": {c.mode: c.verdict for c in self.cells},
+            "evidence": self.evidence,
+            "reused": self.reused,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckOptions:
+    store: Path
+    workdir: Path
+    lock_dir: Path
+    probe_entry: str | None = None  # the trace probe of this entry alone decides the probe stage
+    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6])
+
+
+class Checker:
+    """Runs checks of one target through the pipeline (or the trace probe of one entry), one at a time."""
+
+    def __init__(
+        self,
+        target: Target,
+        options: CheckOptions,
+        backend: Callable[[Plan, tuple[str, ...]], Backend],
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.target = target
+        self.options = options
+        self.backend = backend
+        self.say = say
+        self._runs = 0
+
+    def stages_here(self) -> tuple[str, ...]:
+        """The stages this host can decide at, cheapest first."""
+        engine = self.target.spec.engine
+        stages = []
+        if self.options.probe_entry or {"flags", "trace"} & set(engine.preflight):
+            stages.append("probe")
+        if not gpu_ready(self.target.env):
+            if "import" in engine.preflight:
+                stages.append("import")
+        else:
+            stages.append("serve")
+        return tuple(stages)
+
+    def check(self, version: str, stage: str) -> Check:
+        plan = derived_plan(self.target, version)
+        if stage == "probe" and self.options.probe_entry:
+            return self._entry_probe(plan, version)
+        stages = PIPELINE_STAGES[stage]
+        cells = list(plan.cells)
+        with Store(self.options.store) as store:
+            stored = [store.finished(c.id, inputs_hash(plan, c, stages)) for c in cells]
+        rerun = False
+        if all(row is not None for row in stored):
+            reused = Check(
+                version=version, stage=stage, cells=tuple(_result(r) for r in stored if r), reused=True, seconds=0.0
+            )
+            # The pipeline keeps a cell whose import check failed to run (an install fault) as `skipped:no-gpu`,
+            # a final verdict; for a bisection that check decided nothing, and a fault is retried.
+            if not any(_import_fault(note) for cell in reused.cells for note in cell.evidence):
+                return reused
+            rerun = True
+        self.say(f"{self.target.package} {version}: running {','.join(stages)}")
+        started = time.monotonic()
+        run_id = self._next_run_id()
+        options = RunOptions(
+            stages=stages,
+            store=self.options.store,
+            workdir=self.options.workdir,
+            lock_dir=self.options.lock_dir,
+            rerun=rerun,
+            run_id=run_id,
+        )
+        # The pipeline's own progress would interleave with the bisection's: its lines go nowhere.
+        run_plan(plan, self.backend(plan, stages), options, console=Console(file=io.StringIO()))
+        with Store(self.options.store) as store:
+            mine = {r["cell_id"]: r for r in store.all_rows() if r["run_id"] == run_id}
+        results = tuple(
+            _result(mine[c.id]) if c.id in mine else CellResult(mode=c.mode, cell_id=c.id, verdict="error:owned")
+            for c in cells
+        )
+        cached = all(any(_cached_import(note) for note in r.evidence) for r in results)
+        return Check(version=version, stage=stage, cells=results, reused=cached, seconds=time.monotonic() - started)
+
+    def _next_run_id(self) -> str:
+        self._runs += 1
+        return f"{self.options.run_id}.{self._runs}"
+
+    # -- the trace probe of one entry ------------------------------------------------------------------
+    def _entry_probe(self, plan: Plan, version: str) -> Check:
+        """The probe stage as the trace probe of `--probe-entry` alone, on the cells of trace modes: whether that
+        entry exists with this release and traces. Stored like the pipeline's probe rows."""
+        entry = self.options.probe_entry
+        assert entry is not None
+        spec = plan.spec
+        cells = [c for c in plan.cells if c.applicable and c.mode in spec.engine.trace_modes]
+        if not cells:
+            raise InputError(
+                f"--probe-entry probes the cells of a trace mode ({', '.join(spec.engine.trace_modes) or 'none'}); "
+                f"the selection keeps {', '.join(self.target.modes)}"
+            )
+        hashes = {c.id: entry_inputs_hash(plan, c, entry) for c in cells}
+        with Store(self.options.store) as store:
+            stored = [store.finished(c.id, hashes[c.id]) for c in cells]
+        if all(row is not None for row in stored):
+            return Check(
+                version=version, stage="probe", cells=tuple(_result(r) for r in stored if r), reused=True, seconds=0.0
+            )
+        self.say(f"{self.target.package} {version}: running resolve, trace probe of {entry}")
+        started = time.monotonic()
+        env = cells[0].env
+        resolved = resolve(resolve_request(plan, env.env_id), out_dir=self.options.lock_dir)
+        resolve_s = time.monotonic() - started
+        cached = False
+        if resolved.status == "unresolvable":
+            result = Verdict(kind="unresolvable", excerpt=resolved.reason)
+        elif resolved.status == "error":
+            result = verdict.error("resolve", resolved.reason)
+        else:
+            pins = resolved.pins
+            torch = pins.get("torch") or env.effective("torch", spec.engine.pins)
+            flashinfer = pins.get("flashinfer-python") or env.effective("flashinfer", spec.engine.pins)
+            if not torch or not flashinfer:
+                raise InputError(f"--probe-entry: the lock of {env.env_id} has no torch or flashinfer-python to probe")
+            probed = probe.trace_probe(
+                torch_version=torch,
+                flashinfer_version=flashinfer,
+                entry=entry,
+                arch=env.gpu.arch.removeprefix("sm_"),
+                cache_dir=self.options.workdir / "cache",
+            )
+            cached = probed.cached
+            result = entry_verdict(probed, needs_gpu=not gpu_ready(env))
+        seconds = {"resolve": round(resolve_s, 3), "probe": round(time.monotonic() - started - resolve_s, 3)}
+        run_id = self._next_run_id()
+        flags = spec_secret_flags(spec)
+        host = hostinfo.host().to_dict()
+        with Store(self.options.store) as store:
+            for cell in cells:
+                store.record(
+                    run_id=run_id,
+                    cell_id=cell.id,
+                    env_id=cell.env_id,
+                    engine=cell.env.engine,
+                    mode=cell.mode,
+                    matrix=str(spec.path),
+                    axes=dict(cell.env.axes),
+                    inputs_hash=hashes[cell.id],
+                    host=host,
+                    argv=redact_argv(cell.command, flags),
+                    lock_hash=resolved.inputs_hash,
+                    lock_file=str(resolved.lockfile) if resolved.lockfile else None,
+                    crossed_pins=resolved.crossed,
+                    verdict=str(result),
+                    excerpt=result.excerpt,
+                    evidence=list(result.evidence),
+                    stages=seconds,
+                )
+        results = tuple(
+            CellResult(
+                mode=c.mode,
+                cell_id=c.id,
+                verdict=str(result),
+                excerpt=result.excerpt,
+                evidence=result.evidence,
+                run_id=run_id,
+            )
+            for c in cells
+        )
+        return Check(version=version, stage="probe", cells=results, reused=cached, seconds=time.monotonic() - started)
+
+
+def entry_inputs_hash(plan: Plan, cell: Cell, entry: str) -> str:
+    """A probe row's inputs, with the entry that was probed: not the pipeline's probe, so not its rows."""
+    return content_hash({"probe": inputs_hash(plan, cell, PIPELINE_STAGES["probe"]), "probe_entry": entry})
+
+
+def entry_verdict(result: probe.ProbeResult, *, needs_gpu: bool) -> Verdict:
+    """The trace probe of one entry as a cell verdict: traces (the CPU says nothing against it), does not trace
+    (the pipeline's `predicted-fail:dynamo-untraceable`), the entry point is missing, or no answer."""
+    note = f"probe: {result.entry} on torch {result.torch}, flashinfer {result.flashinfer}"
+    if result.traceable is True:
+        detail = "no-gpu" if needs_gpu else "stages"
+        return Verdict(kind="skipped", detail=detail, excerpt=result.evidence, evidence=(f"{note}: {result.evidence}",))
+    if result.traceable is False:
+        return Verdict(kind="predicted-fail", detail="dynamo-untraceable", excerpt=result.evidence, evidence=(note,))
+    if "LookupError" in result.error:
+        return Verdict(kind="predicted-fail", detail="fp4-entry-missing", excerpt=result.error, evidence=(note,))
+    return verdict.error("probe", result.error or "the trace probe gave no answer")
+
+
+def _result(row: Row) -> CellResult:
+    return CellResult(
+        mode=row["mode"],
+        cell_id=row["cell_id"],
+        verdict=str(row.get("verdict") or ""),
+        excerpt=str(row.get("excerpt") or ""),
+        evidence=tuple(str(e) for e in row.get("evidence") or ()),
+        run_id=row["run_id"],
+    )
+
+
+def _import_fault(note: str) -> bool:
+    found = _IMPORT_NOTE.match(note)
+    return bool(found and found.group(2) == "error")
+
+
+def _cached_import(note: str) -> bool:
+    found = _IMPORT_NOTE.match(note)
+    return bool(found and found.group(1))
