@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from servematrix.stages.resolve import ResolveRequest, parse_header, release_pins, resolve
+from servematrix.lockfile import parse_header
+from servematrix.stages.resolve import ResolveRequest, release_pins, resolve
 
 pytestmark = [
     pytest.mark.integration,
