@@ -24,6 +24,7 @@ __all__ = [
     "LockHeader",
     "LockedPackage",
     "TargetError",
+    "index_args",
     "marker_environment",
     "parse_header",
     "parse_lock",
@@ -144,6 +145,14 @@ def read_lock_header(path: Path) -> LockHeader | None:
     except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
         return None
     return parse_header("".join(head))
+
+
+def index_args(index_url: str | None, extra_index_urls: tuple[str, ...] | list[str]) -> list[str]:
+    """uv's arguments for the index a lock is made from (and its files are looked up in)."""
+    args = ["--index-url", index_url] if index_url else []
+    for url in extra_index_urls:
+        args += ["--extra-index-url", url]
+    return args
 
 
 # ------------------------------------------------------------------------------------------------- body

@@ -33,7 +33,15 @@ from packaging.markers import Marker
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from servematrix.errors import InputError
-from servematrix.lockfile import LockedPackage, TargetError, marker_environment, parse_lock, platform_parts, target_tags
+from servematrix.lockfile import (
+    LockedPackage,
+    TargetError,
+    index_args,
+    marker_environment,
+    parse_lock,
+    platform_parts,
+    target_tags,
+)
 from servematrix.options import NIX_ENVS, command_parser, validate
 from servematrix.util import atomic_write, run_captured, uv_env
 
@@ -287,10 +295,7 @@ def _uv_pylock(env: LockedEnvironment, *, uv: str, timeout_s: float) -> dict:
         "--no-header",
         "--quiet",
     ]
-    if env.index_url:
-        args += ["--index-url", env.index_url]
-    for url in env.extra_index_urls:
-        args += ["--extra-index-url", url]
+    args += index_args(env.index_url, env.extra_index_urls)
     with tempfile.TemporaryDirectory(prefix="servematrix-nixexport-") as cwd:
         done = run_captured(args, cwd=cwd, timeout_s=timeout_s, env=uv_env())
     if done.returncode != 0:

@@ -33,6 +33,7 @@ from servematrix.lockfile import (
     DEFAULT_PYTHON_VERSION,
     LOCK_FORMAT,
     LockHeader,
+    index_args,
     marker_environment,
     parse_pins,
     read_lock_header,
@@ -191,11 +192,7 @@ def _compile_args(req: ResolveRequest) -> list[str]:
         "--generate-hashes",
         "--no-header",
     ]
-    if req.index_url:
-        args += ["--index-url", req.index_url]
-    for url in req.extra_index_urls:
-        args += ["--extra-index-url", url]
-    return args
+    return args + index_args(req.index_url, req.extra_index_urls)
 
 
 def lock_header(req: ResolveRequest, *, crossed: Mapping[str, Mapping[str, str]], resolver: str) -> LockHeader:
@@ -406,11 +403,7 @@ def _fetch_metadata(
             "never",
             "--quiet",
         ]
-        if index_url:
-            argv += ["--index-url", index_url]
-        for url in extra_index_urls:
-            argv += ["--extra-index-url", url]
-        argv.append(f"{name}=={version}")
+        argv += [*index_args(index_url, extra_index_urls), f"{name}=={version}"]
         run = Captured(returncode=1, stdout="", stderr="error: uv was not run")
         for offline in (True, False):
             run = _run_uv([*argv, "--offline"] if offline else argv, cwd=Path(tmp), timeout_s=timeout_s)
