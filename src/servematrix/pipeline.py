@@ -121,10 +121,11 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
     engine = plan.spec.engine
     imports = {c.env_id for c in lacking} if "import" in options.stages and "import" in engine.preflight else set()
     if imports:
+        cost = f"{engine.import_check.cost}; " if engine.import_check.cost else ""
         lines.append(
             f"The import check installs each of {len(imports)} environment lock(s) in turn on this CPU and imports "
-            f"{', '.join(engine.import_check.modules)} ({engine.import_check.cost + '; ' if engine.import_check.cost else ''}"
-            "removed after, results cached). --stages resolve,probe skips it."
+            f"{', '.join(engine.import_check.modules)} ({cost}removed after, results cached). --stages "
+            "resolve,probe skips it."
         )
     hooks = Hooks.of(engine)
     if "probe" in options.stages and hooks.preamble is not None:
