@@ -96,3 +96,13 @@ def test_engine_data_with_an_unknown_key_names_its_line(monkeypatch, tmp_path):
         load_engine("typo")
     assert caught.value.location.key == "readyness" and "unknown key" in str(caught.value)
     assert caught.value.location.line == text.splitlines().index("readyness = 1") + 1
+
+
+def test_a_hooks_module_that_does_not_import_is_bad_input_at_its_line(monkeypatch, tmp_path):
+    text = (TOY_ENGINES / "toyserve.toml").read_text().replace("tests.fakes.toy_engine", "tests.fakes.no_such_hooks")
+    (tmp_path / "nohooks.toml").write_text(text.replace('name = "toyserve"', 'name = "nohooks"'))
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    with pytest.raises(InputError) as caught:
+        load_engine("nohooks")
+    assert caught.value.location.key == "hooks" and "tests.fakes.no_such_hooks" in str(caught.value)
+    assert caught.value.location.line == text.splitlines().index('hooks = "tests.fakes.no_such_hooks"') + 1

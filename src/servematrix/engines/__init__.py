@@ -270,7 +270,10 @@ def load_engine(name: str) -> Engine:
 def _load(path: Path) -> Engine:
     source = tomlsource.load(path)
     engine = tomlsource.validate(source, Engine)
-    hooks = Hooks.of(engine) if engine.hooks else Hooks(preflights={})
+    try:
+        hooks = Hooks.of(engine)
+    except ImportError as exc:
+        raise source.error(("hooks",), f"cannot import the hooks module {engine.hooks!r}: {exc}") from None
     for i, name in enumerate(engine.preflight):
         if name not in GENERIC_PREFLIGHTS and name not in hooks.preflights:
             known = ", ".join((*GENERIC_PREFLIGHTS, *hooks.preflights))
