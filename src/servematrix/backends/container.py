@@ -138,11 +138,14 @@ class ContainerBackend:
         return DEFAULT_BASE
 
     def recipe(self, request: BuildInput) -> str:
-        """What the image is made from besides the lock: a cached image with another recipe is rebuilt."""
+        """What the image is made from: a cached image with another recipe is rebuilt. The lock's own bytes
+        count, not only the inputs hash that names it: the same inputs resolved on another day may pin other
+        versions, and an image must hold exactly its lock."""
         payload = {
             "dockerfile": hashlib.sha256(self.dockerfile.read_bytes()).hexdigest(),
             "base": self.base_for(request.env_id),
             "python": request.python,
+            "lock": hashlib.sha256(request.lockfile.read_bytes()).hexdigest() if request.lockfile else None,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
