@@ -123,7 +123,7 @@ def test_data_file_rows_are_all_valid():
     data = probe._data()
     assert data.entries and data.modules and data.piecewise
     assert {rule.entry for rule in data.entries} <= {*probe.ENTRIES, "none"}
-    assert all(p.count("{") == p.count("}") for p in data.packages)
+    assert all(p.count("{") == p.count("}") for p in data.probe.packages)
 
 
 # ------------------------------------------------------------------------------------ trace probe

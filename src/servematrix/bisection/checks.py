@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from rich.console import Console
 
 from servematrix import hostinfo, verdict
 from servematrix.backends import Backend
 from servematrix.cells import Cell, Environment, content_hash
+from servematrix.engines import GENERIC_PREFLIGHTS, PreflightInput
 from servematrix.engines.sglang import traceprobe as probe
 from servematrix.errors import InputError
 from servematrix.locking import resolve_request
@@ -101,11 +101,7 @@ def _axis(spec: Spec, name: str) -> tuple[str, str, bool]:
         raise InputError(f"--axis {name}: bisect searches a package's releases; {name} is not a package")
     if name in spec.file.packages:
         return name, name, False
-    installs = {}
-    for axis in engine.axes:
-        template = engine.requirements.for_axis(axis)
-        if template is not None:
-            installs[axis] = canonicalize_name(Requirement(template.format(version="0")).name)
+    installs = {axis: engine.axis_package(axis) for axis in engine.axes if engine.requirements.for_axis(axis)}
     if name in engine.axes:
         if name not in installs:
             raise InputError(f"--axis {name}: the {name} axis names a {name} kind, not a package version")
@@ -215,7 +211,7 @@ class Checker:
         """The stages this host can decide at, cheapest first."""
         engine = self.target.spec.engine
         stages = []
-        if self.options.probe_entry or {"flags", "trace"} & set(engine.preflight):
+        if self.options.probe_entry or set(engine.preflight) - set(GENERIC_PREFLIGHTS):  # the engine's hooks
             stages.append("probe")
         if not gpu_ready(self.target.env):
             if "import" in engine.preflight:
@@ -299,9 +295,10 @@ class Checker:
         elif resolved.status == "error":
             result = verdict.error("resolve", resolved.reason)
         else:
-            pins = resolved.pins
-            torch = pins.get("torch") or env.effective("torch", spec.engine.pins)
-            flashinfer = pins.get("flashinfer-python") or env.effective("flashinfer", spec.engine.pins)
+            locked = PreflightInput(
+                cell=cells[0], engine=spec.engine, pins=resolved.pins, cache_dir=self.options.workdir / "cache"
+            )
+            torch, flashinfer = locked.package("torch"), locked.package("flashinfer")
             if not torch or not flashinfer:
                 raise InputError(f"--probe-entry: the lock of {env.env_id} has no torch or flashinfer-python to probe")
             probed = probe.trace_probe(
@@ -309,7 +306,7 @@ class Checker:
                 flashinfer_version=flashinfer,
                 entry=entry,
                 arch=env.gpu.arch.removeprefix("sm_"),
-                cache_dir=self.options.workdir / "cache",
+                cache_dir=locked.cache_dir,
             )
             cached = probed.cached
             result = entry_verdict(probed, needs_gpu=not gpu_ready(env))

@@ -76,10 +76,7 @@ class EntryRule:
 
 @dataclass(frozen=True, kw_only=True)
 class _Data:
-    packages: tuple[str, ...]
-    assume_cuda: str
-    install_timeout_s: float
-    probe_timeout_s: float
+    probe: _ProbeSection  # what the probe venv gets, and its time limits
     modules: tuple[tuple[SpecifierSet, str], ...]
     features: dict[str, SpecifierSet]
     entries: tuple[EntryRule, ...]
@@ -140,10 +137,7 @@ def _data() -> _Data:
     with resources.as_file(resources.files(__package__).joinpath("probe.toml")) as path:
         raw = tomlsource.validate(tomlsource.load(path), _ProbeFile)
     return _Data(
-        packages=raw.probe.packages,
-        assume_cuda=raw.probe.assume_cuda,
-        install_timeout_s=raw.probe.install_timeout_s,
-        probe_timeout_s=raw.probe.probe_timeout_s,
+        probe=raw.probe,
         modules=tuple((SpecifierSet(row.flashinfer), row.module) for row in raw.flashinfer_module),
         features={k: SpecifierSet(v) for k, v in raw.flashinfer_features.items()},
         entries=tuple(
@@ -310,12 +304,14 @@ def trace_probe(*, torch_version: str, flashinfer_version: str, entry: str, arch
     except _EnvError as exc:
         return finish(error=str(exc))
 
-    argv = ["--entry", entry, "--arch", arch, "--assume-cuda", data.assume_cuda]
+    argv = ["--entry", entry, "--arch", arch, "--assume-cuda", data.probe.assume_cuda]
     module = fp4_module_for(flashinfer_version) if entry == "plain" else None
     if module:
         argv += ["--module", module]
     with resources.as_file(resources.files(__package__).joinpath("probe_script.py")) as script:
-        run = run_captured([str(python), str(script), *argv], timeout_s=data.probe_timeout_s, env=_probe_env(env_dir))
+        run = run_captured(
+            [str(python), str(script), *argv], timeout_s=data.probe.probe_timeout_s, env=_probe_env(env_dir)
+        )
     report = _last_json_line(run.stdout)
     if report is None:
         return finish(error=f"the probe script printed no report (exit {run.returncode}): {_tail(run.stderr)}")
@@ -406,7 +402,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, data: _Data) -> Path:
     python = env_dir / "bin" / "python"
-    packages = [p.format(torch=torch_version, flashinfer=flashinfer_version) for p in data.packages]
+    packages = [p.format(torch=torch_version, flashinfer=flashinfer_version) for p in data.probe.packages]
     marker = env_dir / _READY
     with _locked(env_dir.with_name(env_dir.name + ".lock")):
         if marker.is_file() and python.exists():
@@ -436,7 +432,7 @@ def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, d
                 ],
             ]
         for step in steps:
-            run = run_captured(step, timeout_s=data.install_timeout_s, env=_install_env())
+            run = run_captured(step, timeout_s=data.probe.install_timeout_s, env=_install_env())
             if run.returncode != 0:
                 shutil.rmtree(env_dir, ignore_errors=True)
                 raise _EnvError(f"probe venv: `{' '.join(step[:4])} ...` failed: {_tail(run.stderr or run.stdout)}")
