@@ -5,6 +5,7 @@ implements is bad input at its line."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -67,8 +68,11 @@ def test_a_third_engine_runs_its_own_preflight_through_the_real_pipeline(toy_eng
     assert "accepts --max-len up to 2048" in row["excerpt"]
 
 
-def test_the_third_engine_is_listed_and_its_hooks_are_its_own(toy_engines):
+def test_the_third_engine_is_listed_and_its_hooks_are_its_own(toy_engines, monkeypatch, tmp_path):
     assert "toyserve" in available_engines()
+    (tmp_path / "README.md").write_text("not an engine")
+    monkeypatch.setenv(ENGINES_PATH_ENV, os.pathsep.join((str(TOY_ENGINES), str(tmp_path))))
+    assert "README.md" not in available_engines() and "toyserve" in available_engines()
     assert set(Hooks.of(load_engine("toyserve")).preflights) == {"context-limit"}
     assert set(Hooks.of(load_engine("sglang")).preflights) == {"flags", "trace"}
     assert Hooks.of(load_engine("transformers")).preflights == {}

@@ -287,6 +287,11 @@ def _load(path: Path) -> Engine:
 
 def available_engines() -> list[str]:
     return sorted(
-        {p.name.removesuffix(".toml") for folder in _engine_folders() if folder.is_dir() for p in folder.iterdir()}
-        - {""}
+        {
+            p.name.removesuffix(".toml")
+            for folder in _engine_folders()
+            if folder.is_dir()
+            for p in folder.iterdir()
+            if p.name.endswith(".toml")
+        }
     )
