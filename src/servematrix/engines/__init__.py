@@ -268,7 +268,7 @@ def load_engine(name: str) -> Engine:
 
 @functools.cache
 def _load(path: Path) -> Engine:
-    source = tomlsource.load(path)
+    source = tomlsource.load(path, what="engine data")
     engine = tomlsource.validate(source, Engine)
     try:
         hooks = Hooks.of(engine)

@@ -135,7 +135,7 @@ class _ProbeFile(DataTable):
 def _data() -> _Data:
     """probe.toml, validated: a mistake in it is an InputError naming its line and key."""
     with resources.as_file(resources.files(__package__).joinpath("probe.toml")) as path:
-        raw = tomlsource.validate(tomlsource.load(path), _ProbeFile)
+        raw = tomlsource.validate(tomlsource.load(path, what="probe data"), _ProbeFile)
     return _Data(
         probe=raw.probe,
         modules=tuple((SpecifierSet(row.flashinfer), row.module) for row in raw.flashinfer_module),
