@@ -37,7 +37,7 @@ metric of the phase it changes), ``cpus`` (disjoint CPU sets) and ``smoke`` (one
 """
 
 from servematrix.stages.bench.ceiling import fake_server, measure_ceiling
-from servematrix.stages.bench.compare import Speedup, speedup
+from servematrix.stages.bench.compare import METRICS, PHASE_METRICS, Metric, ModeComparison, Speedup, compare, speedup
 from servematrix.stages.bench.cpus import CpuSplit, split_cpus
 from servematrix.stages.bench.pool import Batch, ClientPool
 from servematrix.stages.bench.run import run_workload, run_workload_sync
@@ -52,13 +52,17 @@ from servematrix.stages.bench.stats import (
     LevelSummary,
     Spread,
     percentile,
+    pool_starts,
 )
-from servematrix.stages.bench.workload import APIS, Workload, endpoint, make_prompt, request_body
+from servematrix.stages.bench.workload import APIS, PROFILES, Workload, endpoint, make_prompt, request_body
 from servematrix.stages.bench_worker import RequestResult
 
 __all__ = [
     "APIS",
     "CLIENT_BOUND_FRACTION",
+    "METRICS",
+    "PHASE_METRICS",
+    "PROFILES",
     "SMOKE_MAX_TOKENS",
     "SMOKE_PROMPT",
     "Batch",
@@ -70,16 +74,20 @@ __all__ = [
     "LatencyStats",
     "LevelRun",
     "LevelSummary",
+    "Metric",
+    "ModeComparison",
     "RequestResult",
     "SmokeResult",
     "Speedup",
     "Spread",
     "Workload",
+    "compare",
     "endpoint",
     "fake_server",
     "make_prompt",
     "measure_ceiling",
     "percentile",
+    "pool_starts",
     "request_body",
     "run_workload",
     "run_workload_sync",

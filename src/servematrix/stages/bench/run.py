@@ -83,7 +83,7 @@ def _run_level(
         warmup=warm,
         calibration_requests=calibration,
         min_level_s=w.min_level_s,
-        ceiling=ceiling,
+        ceiling_tok_s=ceiling.tok_s(c) if ceiling is not None else None,
     )
 
 

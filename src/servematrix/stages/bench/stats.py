@@ -1,14 +1,15 @@
 """The figures of a benchmark: one repeat (LevelRun), one level over its repeats (LevelSummary), one run
 (BenchReport), and the client's ceiling beside them."""
 
+import dataclasses
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from servematrix.stages.bench.workload import Workload
+from servematrix.stages.bench.workload import NESTED_PROFILES, Workload
 from servematrix.stages.bench_worker import (
     RequestResult,
 )
@@ -76,6 +77,20 @@ class LevelRun:
     client_cpu_s: float | None = None
     client_processes: int = 1
     client_busy: float | None = None
+    # Prompt tokens (usage.prompt_tokens) over wall_s: the prefill profile's throughput figure.
+    input_tok_s: float = 0.0
+    start: int = 1  # which server start of the cell measured it (several when starts are pooled)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LevelRun":
+        """A repeat as stored (`asdict`); fields a row stored before they existed keep their defaults."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        for latency in ("ttft", "itl", "e2e"):
+            values[latency] = LatencyStats(**data[latency])
+        if "input_tok_s" not in data and data.get("wall_s"):
+            values["input_tok_s"] = (data.get("prompt_tokens") or 0) / data["wall_s"]
+        return cls(**values)
 
     @classmethod
     def aggregate(
@@ -105,6 +120,7 @@ class LevelRun:
             completion_tokens=completion,
             prompt_tokens=sum(r.prompt_tokens or 0 for r in ok),
             output_tok_s=completion / wall_s if wall_s > 0 else 0.0,
+            input_tok_s=sum(r.prompt_tokens or 0 for r in ok) / wall_s if wall_s > 0 else 0.0,
             request_s=len(ok) / wall_s if wall_s > 0 else 0.0,
             ttft=LatencyStats.of([r.ttft_s for r in ok if r.ttft_s is not None]),
             itl=LatencyStats.of([gap for r in ok for gap in r.itl_s]),
@@ -149,6 +165,14 @@ class Ceiling:
     output_len: int
     measured_at: float  # Unix time
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Ceiling":
+        values = dict(data)
+        values["levels"] = tuple(CeilingLevel(**level) for level in data["levels"])
+        values["client_cpus"] = tuple(data["client_cpus"])
+        values["server_cpus"] = tuple(data["server_cpus"])
+        return cls(**values)
+
     def tok_s(self, concurrency: int) -> float | None:
         return next((lv.tok_s for lv in self.levels if lv.concurrency == concurrency), None)
 
@@ -184,6 +208,8 @@ class LevelSummary:
     client_headroom: float | None = None
     client_busy: float | None = None
     client_bound: bool | None = None
+    input_tok_s: Spread | None = None
+    ttft_mean_s: Spread | None = None  # each repeat's mean time to first token
 
     @classmethod
     def of(
@@ -194,12 +220,12 @@ class LevelSummary:
         warmup: Sequence[RequestResult] = (),
         calibration_requests: int = 0,
         min_level_s: float = 0.0,
-        ceiling: Ceiling | None = None,
+        ceiling_tok_s: float | None = None,
     ) -> "LevelSummary":
         cpu = [r.client_cpu_s for r in runs if r.client_cpu_s is not None]
         tokens = sum(r.completion_tokens for r in runs)
         best = max(r.output_tok_s for r in runs)
-        ceiling_tok_s = ceiling.tok_s(concurrency) if ceiling is not None else None
+        ttft = [r.ttft.mean for r in runs if r.ttft.mean is not None]
         busy = max((r.client_busy for r in runs if r.client_busy is not None), default=None)
         near_ceiling = None if ceiling_tok_s is None else best >= ceiling_tok_s * CLIENT_BOUND_FRACTION
         saturated = None if busy is None else busy >= CLIENT_BOUND_FRACTION
@@ -222,6 +248,43 @@ class LevelSummary:
             client_headroom=ceiling_tok_s / best if ceiling_tok_s is not None and best > 0 else None,
             client_busy=busy,
             client_bound=None if near_ceiling is None and saturated is None else bool(near_ceiling or saturated),
+            input_tok_s=Spread.of([r.input_tok_s for r in runs]),
+            ttft_mean_s=Spread.of(ttft) if ttft else None,
+        )
+
+    @classmethod
+    def pooled(cls, starts: Sequence["LevelSummary"]) -> "LevelSummary":
+        """One level over several server starts of a cell: every figure is the aggregation of all their
+        repeats (each run keeps its start), computed by :meth:`of` as for one start."""
+        runs = [dataclasses.replace(run, start=i) for i, level in enumerate(starts, 1) for run in level.runs]
+        first = starts[0]
+        level = cls.of(
+            first.concurrency,
+            runs,
+            calibration_requests=sum(lv.calibration_requests for lv in starts),
+            min_level_s=first.min_level_s,
+            ceiling_tok_s=first.client_ceiling_tok_s,
+        )
+        warmup_errors: Counter[str] = Counter()
+        for lv in starts:
+            warmup_errors.update(lv.warmup_errors)
+        return dataclasses.replace(
+            level, warmup_requests=sum(lv.warmup_requests for lv in starts), warmup_errors=dict(warmup_errors)
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LevelSummary":
+        """A level as stored: its figures recomputed from its runs (the one aggregation), its warmup and
+        calibration counts as stored."""
+        level = cls.of(
+            data["concurrency"],
+            [LevelRun.from_dict(run) for run in data["runs"]],
+            calibration_requests=data.get("calibration_requests", 0),
+            min_level_s=data.get("min_level_s", 0.0),
+            ceiling_tok_s=data.get("client_ceiling_tok_s"),
+        )
+        return dataclasses.replace(
+            level, warmup_requests=data.get("warmup_requests", 0), warmup_errors=dict(data.get("warmup_errors", {}))
         )
 
 
@@ -235,6 +298,25 @@ class BenchReport:
     duration_s: float
     client: dict[str, Any]
     client_ceiling: Ceiling | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "BenchReport":
+        """A report as stored by :meth:`to_dict`."""
+        names = {f.name for f in fields(Workload)}
+        work = {k: v for k, v in data["workload"].items() if k in names}
+        work["concurrency"] = tuple(work["concurrency"])
+        work["client_cpus"] = tuple(work.get("client_cpus", ()))
+        ceiling = data.get("client_ceiling")
+        return cls(
+            base_url=data["base_url"],
+            model=data["model"],
+            workload=Workload(**work),
+            levels=[LevelSummary.from_dict(level) for level in data["levels"]],
+            started_at=data["started_at"],
+            duration_s=data["duration_s"],
+            client=dict(data.get("client", {})),
+            client_ceiling=Ceiling.from_dict(ceiling) if ceiling else None,
+        )
 
     def level(self, concurrency: int) -> LevelSummary | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
@@ -265,3 +347,27 @@ class BenchReport:
         d["completion_tokens"] = self.completion_tokens
         d["client_bound"] = self.client_bound
         return d
+
+
+def pool_starts(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One benchmark record from the reports of a cell's server starts (as stored): each level the
+    aggregation of all their repeats (:meth:`LevelSummary.pooled`), the run's duration their sum; the
+    profiles a record holds besides the decode one (`prefill`) pooled the same way."""
+    if not reports:
+        return None
+    if len(reports) == 1:
+        return dict(reports[0])
+    parsed = [BenchReport.from_dict(r) for r in reports]
+    first = parsed[0]
+    levels = [
+        LevelSummary.pooled([lv for report in parsed if (lv := report.level(level.concurrency)) is not None])
+        for level in first.levels
+    ]
+    pooled = dataclasses.replace(first, levels=levels, duration_s=sum(r.duration_s for r in parsed)).to_dict()
+    pooled["starts"] = len(reports)
+    for key, value in reports[0].items():
+        if key in NESTED_PROFILES:
+            pooled[key] = pool_starts([r[key] for r in reports if r.get(key)])
+        elif key not in pooled:
+            pooled[key] = value
+    return pooled

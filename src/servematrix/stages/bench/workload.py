@@ -8,6 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 APIS = ("chat", "completions")
+# The bench's profiles, by the phase of serving each one loads. A mode is compared with the baseline on the
+# figures of the phase it changes (engine data: `phases`): prefill on TTFT and input tok/s, decode on output
+# tok/s. The decode profile's report is the stored record itself (as before profiles existed); another
+# profile's report is stored inside it, under the profile's name.
+PROFILES = ("decode", "prefill")
+NESTED_PROFILES = ("prefill",)
 
 # Common English words that are single tokens (with their leading space) in typical BPE vocabularies, so a
 # prompt of N words is roughly N tokens. The server's usage.prompt_tokens reports the real count.
@@ -61,10 +67,13 @@ class Workload:
     max_level_requests: int = 100_000
     client_processes: int = 1
     client_cpus: tuple[int, ...] = ()
+    profile: str = "decode"
 
     def __post_init__(self) -> None:
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency must be a non-empty tuple of ints >= 1, got {self.concurrency!r}")
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         if self.api not in APIS:
             raise ValueError(f"api must be one of {APIS}, got {self.api!r}")
         for name in ("input_len", "output_len", "prompts_per_concurrency", "repeats", "client_processes"):
