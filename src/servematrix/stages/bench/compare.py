@@ -180,8 +180,11 @@ def speedup(
 @dataclass(frozen=True, kw_only=True)
 class ModeComparison:
     """A mode against the baseline: ``judged`` on the metrics of the phase it changes, at every level both
-    measured (the headline first: the phase's first metric at its lowest level); ``decode`` beside them for a
-    mode of another phase."""
+    measured; ``decode`` beside them for a mode of another phase.
+
+    The headline: for a prefill mode its first metric (TTFT) at the lowest level, where launch overhead is
+    largest; for a decode mode output tok/s at the highest level, where batching shows. Every other figure is
+    shown beside it, so a mode that is slower somewhere (continuous batching at one stream) cannot hide."""
 
     phase: str
     judged: tuple[Speedup, ...]
@@ -189,7 +192,14 @@ class ModeComparison:
 
     @property
     def headline(self) -> Speedup | None:
-        return self.judged[0] if self.judged else None
+        if not self.judged:
+            return None
+        return max(self.judged, key=lambda s: s.concurrency) if self.phase == "decode" else self.judged[0]
+
+    @property
+    def others(self) -> tuple[Speedup, ...]:
+        """Every figure but the headline: the phase's other metrics and levels, then the decode figures."""
+        return tuple(s for s in (*self.judged, *self.decode) if s is not self.headline)
 
     def to_dict(self) -> dict[str, Any]:
         return {
