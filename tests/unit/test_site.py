@@ -54,7 +54,13 @@ def with_prefill(record: dict[str, Any], ttft_s: tuple[float, float], input_len:
     runs = [{"repeat": i, "ttft": {"mean": t}, "input_tok_s": input_len / t} for i, t in enumerate(ttft_s)]
     prefill = {
         "workload": {"input_len": input_len, "output_len": 1},
-        "levels": [{"concurrency": 1, "runs": runs, "ttft_mean_s": {"min": min(ttft_s), "median": sum(ttft_s) / 2}}],
+        "levels": [
+            {
+                "concurrency": 1,
+                "runs": runs,
+                "ttft_mean_s": {"min": min(ttft_s), "median": sum(ttft_s) / 2, "max": max(ttft_s)},
+            }
+        ],
     }
     return {**record, "prefill": prefill}
 
@@ -564,3 +570,31 @@ def test_markup_in_merged_rows_stays_text_on_every_page(tmp_path: Path, monkeypa
         assert not tags & {"script", "img", "b", "foreignObject"}, (svg.name, tags)
     heatmap = next((site / "plots").glob("*-speedup.svg"))
     assert f"gpu {EVIL_GPU}" in _svg_texts(heatmap)  # shown as the text it is
+
+
+def test_recommend_shows_the_prefill_figures_a_mode_is_judged_on():
+    from servematrix.report.recommend import recommend
+
+    (b200,) = [r for r in recommend(sglang_rows()) if r.gpu == "b200"]
+    piecewise = next(s for s in b200.stacks if s.cell_id == "c2")
+    assert piecewise.ttft_ms == pytest.approx(40.5) and piecewise.ttft_concurrency == 1
+    assert piecewise.versus_baseline == "1.26× TTFT @1, 1024 in (1.22–1.30, conclusive) over baseline"
+    baseline = next(s for s in b200.stacks if s.cell_id == "c1")
+    assert baseline.versus_baseline is None and baseline.ttft_ms == pytest.approx(51.0)
+
+
+def test_a_longer_ttft_beyond_the_noise_is_a_regression():
+    from servematrix.report.regressions import detect_regressions, export_results
+
+    before = sglang_rows()
+    slower = [
+        Row(values={**r.values, "run_id": "run-2", "metrics": with_prefill(r["metrics"], (0.060, 0.061))})
+        if r["cell_id"] == "c2" else r
+        for r in before
+    ]  # fmt: skip
+    export = export_results(before)
+    found = detect_regressions(slower, export)
+    (ttft,) = [r for r in found if r.kind == "ttft"]
+    assert ttft.cell_id == "c2" and ttft.concurrency == 1
+    assert "TTFT @1 40.5 -> 60.5 ms" in ttft.reason
+    assert not [r for r in detect_regressions(before, export) if r.kind == "ttft"]  # the same run: none
