@@ -63,6 +63,7 @@ class ModeFlagsRow(_Ranged):
     args: tuple[str, ...] = ()
     applicable: bool = True
     reason: str = ""
+    source: str = ""  # where the fact was read (the release's wheel, file:line)
 
 
 class FlagRename(_Ranged):
