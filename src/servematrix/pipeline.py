@@ -28,7 +28,7 @@ from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.engines import Engine, Hooks, PreflightInput, PreflightUnavailable
 from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
-from servematrix.models import ModelBuildError, check_model_path, ensure_model
+from servematrix.models import ModelBuildError, StackImportError, check_model_path, ensure_model
 from servematrix.plan import Plan
 from servematrix.progress import RunProgress, print_summary
 from servematrix.reaper import reap_orphans
@@ -485,7 +485,10 @@ class _Runner:
         try:
             outcome = self._serve_once(state, cell)
         except ModelBuildError as exc:
-            self._record(cell, state, verdict.error("model-build", excerpt=str(exc)))
+            result = self._model_build_verdict(exc)
+            if result.final:
+                state.ended = result  # the stack's own failure: every cell of the environment shares it
+            self._record(cell, state, result)
             return
         if self._starts > 1 and outcome.result.kind == "pass":
             # More starts of this cell follow, interleaved with the environment's other modes (run()).
@@ -498,9 +501,20 @@ class _Runner:
         try:
             pending.starts.append(self._serve_once(state, pending.cell))
         except ModelBuildError as exc:
-            pending.starts.append(
-                _Served(result=verdict.error("model-build", excerpt=str(exc)), metrics=None, stage_seconds={})
+            pending.starts.append(_Served(result=self._model_build_verdict(exc), metrics=None, stage_seconds={}))
+
+    def _model_build_verdict(self, exc: ModelBuildError) -> Verdict:
+        """A model that could not be built in the cell's environment. When the environment's own stack did
+        not import there, that is the stack's failure, classified as the import check classifies one (the
+        server would die at the same import); anything else is the harness's, retried next run."""
+        if isinstance(exc, StackImportError):
+            outcome, klass, deciding = importcheck.import_failure(
+                exc.output, self.plan.spec.engine, returncode=exc.returncode
             )
+            if outcome == "fail":
+                note = f"the stack did not import in this environment (while the model was built in it): {deciding}"
+                return verdict.failed(klass, excerpt=exc.output[-3000:], evidence=(note,))
+        return verdict.error("model-build", excerpt=str(exc))
 
     def _finish_served(
         self, state: _EnvState, cell: Cell, starts: Sequence[_Served], prediction: Verdict | None

@@ -63,6 +63,21 @@ def lock_key(lockfile: Path, engine: Engine) -> str:
     return hashlib.sha256(body + wanted).hexdigest()[:16]
 
 
+def import_failure(text: str, engine: Engine, *, returncode: int) -> tuple[Outcome, str, str]:
+    """What an import that died says about the stack: (outcome, class, deciding line). Also how a model
+    builder's import failure in a cell environment is read (models.StackImportError)."""
+    gpu_line = next((line for line in text.splitlines() for p in engine.import_check.needs_gpu if p in line), None)
+    if gpu_line is not None:
+        return "inconclusive", "needs-gpu", gpu_line.strip()
+    match = classify_text(text, engine.name)
+    lines = [line for line in text.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else f"exit {returncode}"
+    if match is None:
+        return "fail", "import-failed", last
+    deciding = text.splitlines()[match.line - 1].strip() if match.line else last
+    return "fail", match.cls, ", ".join((*match.evidence, deciding))
+
+
 def import_check(
     lockfile: Path, engine: Engine, *, python_version: str, cache_dir: Path, timeout_s: float = 900
 ) -> ImportCheck:
@@ -130,16 +145,7 @@ def import_check(
             if run.returncode == 0:
                 continue
             text = run.stdout + "\n" + run.stderr
-            gpu_line = next((line for line in text.splitlines() for p in check.needs_gpu if p in line), None)
-            if gpu_line is not None:
-                return done("inconclusive", "needs-gpu", gpu_line.strip(), text)
-            match = classify_text(text, engine.name)
-            lines = [line for line in text.splitlines() if line.strip()]
-            last = lines[-1].strip() if lines else f"exit {run.returncode}"
-            if match is None:
-                return done("fail", "import-failed", last, text)
-            deciding = text.splitlines()[match.line - 1].strip() if match.line else last
-            return done("fail", match.cls, ", ".join((*match.evidence, deciding)), text)
+            return done(*import_failure(text, engine, returncode=run.returncode), text)
         return done("pass", evidence=f"imported {', '.join(check.modules)}" + (" and ran --help" if check.help else ""))
     finally:
         shutil.rmtree(venv, ignore_errors=True)
