@@ -217,6 +217,7 @@ class _Runner:
     summary: Summary
     _ceiling: bench.Ceiling | None = None  # the benchmark client's, measured on this host once per run
     _ceiling_tried: bool = False
+    _unavailable_said: set[tuple[str, str]] = field(default_factory=set)  # (pre-flight, reason) said this run
 
     @property
     def _starts(self) -> int:
@@ -473,13 +474,23 @@ class _Runner:
                 try:
                     result = check(preflight)
                 except PreflightUnavailable as exc:
-                    self.console.print(f"[yellow]{name} pre-flight of {cell.id} could not run: {exc}[/]")
+                    self._say_unavailable(name, cell, str(exc))
                     continue
                 if result is not None:
                     return result
         finally:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
         return None
+
+    def _say_unavailable(self, name: str, cell: Cell, reason: str) -> None:
+        """A pre-flight that cannot run, said once per reason: a host without a package index would
+        otherwise say the same line for every cell."""
+        if (name, reason) in self._unavailable_said:
+            return
+        self._unavailable_said.add((name, reason))
+        self.console.print(
+            f"[yellow]{name} pre-flight could not run ({cell.id}, and later cells alike): {reason}[/]", soft_wrap=True
+        )
 
     def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
         try:
