@@ -218,6 +218,15 @@ class _Runner:
     _ceiling: bench.Ceiling | None = None  # the benchmark client's, measured on this host once per run
     _ceiling_tried: bool = False
     _unavailable_said: set[tuple[str, str]] = field(default_factory=set)  # (pre-flight, reason) said this run
+    host: dict[str, Any] = field(init=False)  # this host's facts, in every row
+    _started: str = field(init=False)  # when the run began: a claim older than this is a dead run's
+    _secret_flags: frozenset[str] = field(init=False)
+    _progress: RunProgress = field(init=False)  # made by run(), once it knows how many cells it runs
+
+    def __post_init__(self) -> None:
+        self.host = hostinfo.host().to_dict()
+        self._started = store_now()
+        self._secret_flags = spec_secret_flags(self.plan.spec)
 
     @property
     def _starts(self) -> int:
@@ -234,10 +243,6 @@ class _Runner:
 
     def run(self) -> None:
         spec = self.plan.spec
-        host = hostinfo.host()
-        self.host = host.to_dict()
-        self._started = store_now()
-        self._secret_flags = spec_secret_flags(spec)
         todo: dict[str, list[Cell]] = {}
         for cell in self.plan.cells:
             if not self.options.rerun and self.store.finished(cell.id, self._inputs(cell)):
@@ -273,7 +278,7 @@ class _Runner:
     def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
         """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""
         claim = self.store.claim(
-            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
+            **self._row(cell, state),
             harness_pid=os.getpid(),
             hostname=hostinfo.host().hostname,
             rerun=self.options.rerun,
@@ -326,37 +331,23 @@ class _Runner:
     def _wants(self, stage: str) -> bool:
         return stage in self.options.stages
 
-    def _base_row(self, cell: Cell, state: _EnvState) -> dict[str, Any]:
-        return {
-            "run_id": self.options.run_id,
-            "cell_id": cell.id,
-            "env_id": cell.env_id,
-            "engine": cell.env.engine,
-            "mode": cell.mode,
-            "matrix": str(self.plan.spec.path),
-            "axes": dict(cell.env.axes),
-            "inputs_hash": self._inputs(cell),
-            "host": self.host,
-            "argv": list(cell.command),
-            "lock_hash": state.built.lock_hash
-            if state.built
-            else (state.resolved.inputs_hash if state.resolved else None),
-            "lock_file": str(state.resolved.lockfile) if state.resolved and state.resolved.lockfile else None,
-            "crossed_pins": state.resolved.crossed if state.resolved else None,
-            "image_digest": state.built.image_digest if state.built else None,
-            "backend": self.backend.name,
-        }
-
-    def _argv_fields(self, argv: Sequence[str]) -> dict[str, Any]:
-        """argv as stored: secret values masked, and which flags were (the reproduce block names them)."""
-        return {
-            "argv": redact_argv(argv, self._secret_flags),
-            "redacted_flags": masked_flags(argv, self._secret_flags),
-        }
+    def _row(self, cell: Cell, state: _EnvState, argv: Sequence[str] | None = None) -> dict[str, Any]:
+        return cell_row(
+            self.plan,
+            cell,
+            run_id=self.options.run_id,
+            inputs=self._inputs(cell),
+            host=self.host,
+            backend=self.backend.name,
+            secret_flags=self._secret_flags,
+            resolved=state.resolved,
+            built=state.built,
+            argv=argv,
+        )
 
     def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
         self.store.record(
-            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
+            **self._row(cell, state),
             verdict=str(result),
             excerpt=result.excerpt,
             evidence=list(result.evidence),
@@ -375,10 +366,7 @@ class _Runner:
             started = time.monotonic()
             state.resolved = self._resolve(env)
             state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
-            if state.resolved.status == "unresolvable":
-                state.ended = Verdict(kind="unresolvable", excerpt=state.resolved.reason)
-            elif state.resolved.status == "error":
-                state.ended = verdict.error("resolve", state.resolved.reason)
+            state.ended = verdict.resolve_ended(state.resolved.status, state.resolved.reason)
             if state.ended:
                 return state.ended
         if not gpu_ready(env):
@@ -584,10 +572,8 @@ class _Runner:
             launch = LaunchSpec(argv=tuple(self._cpu_split.pin_server(launch.argv)), env=launch.env, owns_listener=True)
         timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
         # The claimed row gets what resolve and build have learnt since (lock, image) and the argv that runs.
-        known = {k: v for k, v in self._base_row(cell, state).items() if k not in ("run_id", "cell_id")}
-        self.store.update(
-            run_id, cell.id, **{**known, **self._argv_fields(argv)}, log_path=str(log_path), harness_pid=os.getpid()
-        )
+        known = {k: v for k, v in self._row(cell, state, argv).items() if k not in ("run_id", "cell_id")}
+        self.store.update(run_id, cell.id, **known, log_path=str(log_path), harness_pid=os.getpid())
 
         def started(pid: int, pgid: int) -> None:
             self.store.update(run_id, cell.id, server_pid=pid, server_pgid=pgid)
@@ -716,6 +702,43 @@ def pooled_metrics(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     pooled["completion_tokens"] = sum(lv["completion_tokens"] for lv in pooled.get("levels", []))
     pooled["client_bound"] = any(r.get("client_bound") for r in reports)
     return pooled
+
+
+def cell_row(
+    plan: Plan,
+    cell: Cell,
+    *,
+    run_id: str,
+    inputs: str,
+    host: dict[str, Any],
+    backend: str | None,
+    secret_flags: frozenset[str],
+    resolved: ResolveOutcome | None = None,
+    built: Built | None = None,
+    argv: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """A cell run's store row, as far as the run knows it: the one builder of rows (the runner's, and the
+    bisection's own probe rows). `argv` is what ran (default: the planned command), stored with secret values
+    masked and the masked flags named (the reproduce block names them)."""
+    shown = cell.command if argv is None else argv
+    return {
+        "run_id": run_id,
+        "cell_id": cell.id,
+        "env_id": cell.env_id,
+        "engine": cell.env.engine,
+        "mode": cell.mode,
+        "matrix": str(plan.spec.path),
+        "axes": dict(cell.env.axes),
+        "inputs_hash": inputs,
+        "host": host,
+        "argv": redact_argv(shown, secret_flags),
+        "redacted_flags": masked_flags(shown, secret_flags),
+        "lock_hash": built.lock_hash if built else (resolved.inputs_hash if resolved else None),
+        "lock_file": str(resolved.lockfile) if resolved and resolved.lockfile else None,
+        "crossed_pins": resolved.crossed if resolved else None,
+        "image_digest": built.image_digest if built else None,
+        "backend": backend,
+    }
 
 
 def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:

@@ -458,7 +458,7 @@ def test_the_note_reaches_the_failure_page_of_its_class(matrix, tmp_path, monkey
             ["matrix/h200-smoke.toml", "--axis", "flashinfer", "--probe-entry", "custom-op", "--stage", "import"],
             "not --stage import",
         ),
-        (["matrix/cpu-smoke.toml", "--axis", "torch", "--probe-entry", "custom-op"], "has no trace probe"),
+        (["matrix/cpu-smoke.toml", "--axis", "torch", "--probe-entry", "custom-op"], "has no entry probe"),
         (["matrix/nothing.toml", "--axis", "kernels"], "matrix/nothing.toml: no such matrix file"),
         (["matrix/h200-smoke.toml", "--axis", "kernels", "--select", "sglang=0.5.99"], "sglang"),
     ],
@@ -476,3 +476,30 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and lines[0].startswith("servematrix: error: "), done.stderr
     assert message in lines[0]
     assert "Traceback" not in done.stderr
+
+
+def test_an_entry_probe_row_is_built_by_the_pipelines_row_builder(tmp_path, monkeypatch):
+    # The probe itself (a torch+flashinfer venv, minutes) is replaced by its answer; resolve reads the
+    # committed lock; the row is the real one the checker stores.
+    from servematrix.engines.sglang import traceprobe
+
+    def probed(**kw):
+        return traceprobe.ProbeResult(
+            traceable=False, entry=kw["entry"], torch=kw["torch_version"], flashinfer=kw["flashinfer_version"],
+            arch=kw["arch"], evidence="Unsupported: Attempted to call function marked as skipped", seconds=0.1,
+            cached=False, error="",
+        )  # fmt: skip
+
+    monkeypatch.setattr(traceprobe, "trace_probe", probed)
+    spec = load_spec(REPO / "matrix" / "h200-smoke.toml")
+    target = find_target(spec, ["kernels=0.14.1", "mode=piecewise"], "flashinfer")
+    options = CheckOptions(
+        store=tmp_path / "s.sqlite", workdir=tmp_path / "work", lock_dir=REPO / "matrix" / "locks", probe_entry="plain"
+    )
+    checker = Checker(target, options, lambda plan, stages: VenvBackend(tmp_path / "envs"))
+    check = checker.check(target.env.axes["flashinfer"], "probe")
+    assert [c.verdict for c in check.cells] == ["predicted-fail:dynamo-untraceable"]
+    with Store(tmp_path / "s.sqlite") as store:
+        (row,) = store.all_rows()
+    assert row["backend"] == "venv" and row["redacted_flags"] == [] and row["image_digest"] is None
+    assert row["lock_file"] and row["evidence"][0].startswith("probe: plain on torch ")

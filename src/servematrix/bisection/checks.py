@@ -29,20 +29,18 @@ from rich.console import Console
 from servematrix import hostinfo, verdict
 from servematrix.backends import Backend
 from servematrix.cells import Cell, Environment, content_hash
-from servematrix.engines import GENERIC_PREFLIGHTS, PreflightInput
-from servematrix.engines.sglang import traceprobe as probe
+from servematrix.engines import GENERIC_PREFLIGHTS, Hooks, PreflightInput
 from servematrix.errors import InputError
 from servematrix.locking import resolve_request
-from servematrix.pipeline import RunOptions, gpu_ready, inputs_hash, run_plan
+from servematrix.pipeline import RunOptions, cell_row, gpu_ready, inputs_hash, run_plan
 from servematrix.plan import Plan, plan_spec
-from servematrix.redact import redact_argv, spec_secret_flags
+from servematrix.redact import spec_secret_flags
 from servematrix.report.markdown import last_line
 from servematrix.report.regressions import scrub_host_paths
 from servematrix.spec import PACKAGE_NAME, Spec
 from servematrix.stages import STAGES
 from servematrix.stages.resolve import resolve
 from servematrix.store import Row, Store
-from servematrix.verdict import Verdict
 
 # The stages a bisection can decide at, cheapest first, and the pipeline stages each one runs.
 PIPELINE_STAGES: Mapping[str, tuple[str, ...]] = {
@@ -187,7 +185,7 @@ class CheckOptions:
     store: Path
     workdir: Path
     lock_dir: Path
-    probe_entry: str | None = None  # the trace probe of this entry alone decides the probe stage
+    probe_entry: str | None = None  # the engine's probe of this entry alone decides the probe stage
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6])
 
 
@@ -206,6 +204,7 @@ class Checker:
         self.backend = backend
         self.say = say
         self._runs = 0
+        self._hooks = Hooks.of(target.spec.engine)
 
     def stages_here(self) -> tuple[str, ...]:
         """The stages this host can decide at, cheapest first."""
@@ -266,8 +265,8 @@ class Checker:
 
     # -- the trace probe of one entry ------------------------------------------------------------------
     def _entry_probe(self, plan: Plan, version: str) -> Check:
-        """The probe stage as the trace probe of `--probe-entry` alone, on the cells of trace modes: whether that
-        entry exists with this release and traces. Stored like the pipeline's probe rows."""
+        """The probe stage as the engine's probe of `--probe-entry` alone (its `probe_entry` hook), on the cells
+        of its trace modes. Stored like the pipeline's probe rows, by the pipeline's row builder."""
         entry = self.options.probe_entry
         assert entry is not None
         spec = plan.spec
@@ -284,56 +283,38 @@ class Checker:
             return Check(
                 version=version, stage="probe", cells=tuple(_result(r) for r in stored if r), reused=True, seconds=0.0
             )
-        self.say(f"{self.target.package} {version}: running resolve, trace probe of {entry}")
+        self.say(f"{self.target.package} {version}: running resolve, the {entry} probe")
         started = time.monotonic()
         env = cells[0].env
         resolved = resolve(resolve_request(plan, env.env_id), out_dir=self.options.lock_dir)
         resolve_s = time.monotonic() - started
         cached = False
-        if resolved.status == "unresolvable":
-            result = Verdict(kind="unresolvable", excerpt=resolved.reason)
-        elif resolved.status == "error":
-            result = verdict.error("resolve", resolved.reason)
-        else:
+        result = verdict.resolve_ended(resolved.status, resolved.reason)
+        if result is None:
             locked = PreflightInput(
                 cell=cells[0], engine=spec.engine, pins=resolved.pins, cache_dir=self.options.workdir / "cache"
             )
-            torch, flashinfer = locked.package("torch"), locked.package("flashinfer")
-            if not torch or not flashinfer:
-                raise InputError(f"--probe-entry: the lock of {env.env_id} has no torch or flashinfer-python to probe")
-            probed = probe.trace_probe(
-                torch_version=torch,
-                flashinfer_version=flashinfer,
-                entry=entry,
-                arch=env.gpu.arch.removeprefix("sm_"),
-                cache_dir=locked.cache_dir,
-            )
-            cached = probed.cached
-            result = entry_verdict(probed, needs_gpu=not gpu_ready(env))
+            assert self._hooks.probe_entry is not None  # the command checked it
+            result, cached = self._hooks.probe_entry(locked, entry, needs_gpu=not gpu_ready(env))
         seconds = {"resolve": round(resolve_s, 3), "probe": round(time.monotonic() - started - resolve_s, 3)}
         run_id = self._next_run_id()
         flags = spec_secret_flags(spec)
         host = hostinfo.host().to_dict()
+        backend = self.backend(plan, PIPELINE_STAGES["probe"]).name
         with Store(self.options.store) as store:
             for cell in cells:
-                store.record(
+                row = cell_row(
+                    plan,
+                    cell,
                     run_id=run_id,
-                    cell_id=cell.id,
-                    env_id=cell.env_id,
-                    engine=cell.env.engine,
-                    mode=cell.mode,
-                    matrix=str(spec.path),
-                    axes=dict(cell.env.axes),
-                    inputs_hash=hashes[cell.id],
+                    inputs=hashes[cell.id],
                     host=host,
-                    argv=redact_argv(cell.command, flags),
-                    lock_hash=resolved.inputs_hash,
-                    lock_file=str(resolved.lockfile) if resolved.lockfile else None,
-                    crossed_pins=resolved.crossed,
-                    verdict=str(result),
-                    excerpt=result.excerpt,
-                    evidence=list(result.evidence),
-                    stages=seconds,
+                    backend=backend,
+                    secret_flags=flags,
+                    resolved=resolved,
+                )
+                store.record(
+                    **row, verdict=str(result), excerpt=result.excerpt, evidence=list(result.evidence), stages=seconds
                 )
         results = tuple(
             CellResult(
@@ -352,20 +333,6 @@ class Checker:
 def entry_inputs_hash(plan: Plan, cell: Cell, entry: str) -> str:
     """A probe row's inputs, with the entry that was probed: not the pipeline's probe, so not its rows."""
     return content_hash({"probe": inputs_hash(plan, cell, PIPELINE_STAGES["probe"]), "probe_entry": entry})
-
-
-def entry_verdict(result: probe.ProbeResult, *, needs_gpu: bool) -> Verdict:
-    """The trace probe of one entry as a cell verdict: traces (the CPU says nothing against it), does not trace
-    (the pipeline's `predicted-fail:dynamo-untraceable`), the entry point is missing, or no answer."""
-    note = f"probe: {result.entry} on torch {result.torch}, flashinfer {result.flashinfer}"
-    if result.traceable is True:
-        detail = "no-gpu" if needs_gpu else "stages"
-        return Verdict(kind="skipped", detail=detail, excerpt=result.evidence, evidence=(f"{note}: {result.evidence}",))
-    if result.traceable is False:
-        return Verdict(kind="predicted-fail", detail="dynamo-untraceable", excerpt=result.evidence, evidence=(note,))
-    if "LookupError" in result.error:
-        return Verdict(kind="predicted-fail", detail="fp4-entry-missing", excerpt=result.error, evidence=(note,))
-    return verdict.error("probe", result.error or "the trace probe gave no answer")
 
 
 def _result(row: Row) -> CellResult:
