@@ -411,6 +411,11 @@ class _Runner:
         note += f": {checked.evidence}" if checked.evidence else ""
         if checked.outcome == "fail":
             return Verdict(kind="predicted-fail", detail=checked.klass, excerpt=checked.excerpt, evidence=(note,))
+        if checked.outcome == "error":
+            # The check could not run here (an install fault, no interpreter): says nothing about the stack,
+            # and is retried next run rather than left as a final skipped:no-gpu.
+            excerpt = "\n".join(filter(None, (checked.excerpt, checked.evidence)))  # the reason last
+            return Verdict(kind="error", detail="import-check", excerpt=excerpt, evidence=(note,))
         state.notes = (note,)
         return None
 

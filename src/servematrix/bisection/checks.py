@@ -15,7 +15,6 @@ Stages, cheapest first, each with the pipeline stages it runs:
 from __future__ import annotations
 
 import io
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +37,7 @@ from servematrix.redact import spec_secret_flags
 from servematrix.report.markdown import last_line
 from servematrix.report.regressions import scrub_host_paths
 from servematrix.spec import PACKAGE_NAME, Spec
-from servematrix.stages import STAGES
+from servematrix.stages import STAGES, importcheck
 from servematrix.stages.resolve import resolve
 from servematrix.store import Row, Store
 
@@ -50,9 +49,7 @@ PIPELINE_STAGES: Mapping[str, tuple[str, ...]] = {
 }
 # Verdicts that say nothing about the release: it is skipped, and a neighbour is tried.
 UNDECIDED_KINDS = ("unresolvable", "error", "interrupted")
-# The pipeline notes an import check that could not decide (no GPU to load a library, an install fault) as
-# evidence of a cell it leaves `skipped:no-gpu`: for a bisection that is no verdict either.
-_IMPORT_NOTE = re.compile(r"^import check( \(cached\))?: (\w+)")
+NO_IMPORT_RESULT = "import check: no result for the lock"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +129,7 @@ class CellResult:
     excerpt: str = ""
     evidence: tuple[str, ...] = ()
     run_id: str = ""
+    lock_file: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +141,9 @@ class Check:
     cells: tuple[CellResult, ...]
     reused: bool  # read from the store (or the import check's cache), not run now
     seconds: float
+    # Why an import check that left its cells `skipped:no-gpu` decided nothing (it needs a GPU to load a
+    # library, or has no result for the lock), from the import check's own record; None when it decided.
+    import_undecided: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -155,11 +156,7 @@ class Check:
         for cell in self.cells:
             if cell.verdict.startswith(UNDECIDED_KINDS):
                 return f"{cell.verdict}: {last_line(cell.excerpt)}".rstrip(": ")
-            for note in cell.evidence:
-                found = _IMPORT_NOTE.match(note)
-                if found and found.group(2) in ("inconclusive", "error"):
-                    return note
-        return None
+        return self.import_undecided
 
     @property
     def evidence(self) -> str:
@@ -229,14 +226,21 @@ class Checker:
             stored = [store.finished(c.id, inputs_hash(plan, c, stages)) for c in cells]
         rerun = False
         if all(row is not None for row in stored):
-            reused = Check(
-                version=version, stage=stage, cells=tuple(_result(r) for r in stored if r), reused=True, seconds=0.0
-            )
-            # The pipeline keeps a cell whose import check failed to run (an install fault) as `skipped:no-gpu`,
-            # a final verdict; for a bisection that check decided nothing, and a fault is retried.
-            if not any(_import_fault(note) for cell in reused.cells for note in cell.evidence):
-                return reused
+            results = tuple(_result(r) for r in stored if r)
+            undecided = self._import_undecided(stage, results)
+            # A stored `skipped:no-gpu` whose lock has no import result (a store from before an import check's
+            # fault became `error:import-check`) is run again; an inconclusive one would only say so again.
+            if undecided is None or not undecided.startswith(NO_IMPORT_RESULT):
+                return Check(
+                    version=version,
+                    stage=stage,
+                    cells=results,
+                    reused=True,
+                    seconds=0.0,
+                    import_undecided=undecided,
+                )
             rerun = True
+        known_before = stage == "import" and self._import_known(plan)
         self.say(f"{self.target.package} {version}: running {','.join(stages)}")
         started = time.monotonic()
         run_id = self._next_run_id()
@@ -256,8 +260,39 @@ class Checker:
             _result(mine[c.id]) if c.id in mine else CellResult(mode=c.mode, cell_id=c.id, verdict="error:owned")
             for c in cells
         )
-        cached = all(any(_cached_import(note) for note in r.evidence) for r in results)
-        return Check(version=version, stage=stage, cells=results, reused=cached, seconds=time.monotonic() - started)
+        return Check(
+            version=version,
+            stage=stage,
+            cells=results,
+            reused=known_before,
+            seconds=time.monotonic() - started,
+            import_undecided=self._import_undecided(stage, results),
+        )
+
+    def _import_result(self, lock_file: str | None) -> importcheck.ImportCheck | None:
+        if not lock_file or not Path(lock_file).is_file():
+            return None
+        return importcheck.recorded(Path(lock_file), self.target.spec.engine, cache_dir=self.options.workdir / "cache")
+
+    def _import_known(self, plan: Plan) -> bool:
+        """Whether the import check already has a result for the environment's lock as it stands (so this
+        check installs nothing: it counts as reused)."""
+        return self._import_result(str(self.options.lock_dir / f"{plan.cells[0].env_id}.lock.txt")) is not None
+
+    def _import_undecided(self, stage: str, results: Sequence[CellResult]) -> str | None:
+        """Why the import stage decided nothing for cells it left `skipped:no-gpu`, asked of the import check's
+        record of their lock (the runner's notes are for people), or None."""
+        if stage != "import":
+            return None
+        for cell in results:
+            if not cell.verdict.startswith("skipped:"):
+                continue  # it predicted a failure, or the verdict's kind says it is undecided
+            known = self._import_result(cell.lock_file)
+            if known is None:
+                return f"{NO_IMPORT_RESULT} {cell.lock_file or '(no lock)'}"
+            if known.outcome == "inconclusive":
+                return f"import check: inconclusive {known.klass}: {known.evidence}".rstrip(": ")
+        return None
 
     def _next_run_id(self) -> str:
         self._runs += 1
@@ -343,14 +378,5 @@ def _result(row: Row) -> CellResult:
         excerpt=str(row.get("excerpt") or ""),
         evidence=tuple(str(e) for e in row.get("evidence") or ()),
         run_id=row["run_id"],
+        lock_file=row.get("lock_file"),
     )
-
-
-def _import_fault(note: str) -> bool:
-    found = _IMPORT_NOTE.match(note)
-    return bool(found and found.group(2) == "error")
-
-
-def _cached_import(note: str) -> bool:
-    found = _IMPORT_NOTE.match(note)
-    return bool(found and found.group(1))

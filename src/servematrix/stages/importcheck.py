@@ -63,6 +63,19 @@ def lock_key(lockfile: Path, engine: Engine) -> str:
     return hashlib.sha256(body + wanted).hexdigest()[:16]
 
 
+def recorded(lockfile: Path, engine: Engine, *, cache_dir: Path) -> ImportCheck | None:
+    """The import check's decided result for this lock (pass, fail or inconclusive), if one was made: what
+    a bisection asks instead of reading the runner's notes. An error is never recorded."""
+    return _read_result(Path(cache_dir) / "import" / "results" / f"{lock_key(lockfile, engine)}.json")
+
+
+def _read_result(path: Path) -> ImportCheck | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return ImportCheck(**{**data["result"], "cached": True}) if data.get("schema") == RESULT_SCHEMA else None
+
+
 def import_failure(text: str, engine: Engine, *, returncode: int) -> tuple[Outcome, str, str]:
     """What an import that died says about the stack: (outcome, class, deciding line). Also how a model
     builder's import failure in a cell environment is read (models.StackImportError)."""
@@ -85,10 +98,9 @@ def import_check(
     key = lock_key(lockfile, engine)
     root = Path(cache_dir) / "import"
     result_path = root / "results" / f"{key}.json"
-    if result_path.is_file():
-        data = json.loads(result_path.read_text(encoding="utf-8"))
-        if data.get("schema") == RESULT_SCHEMA:
-            return ImportCheck(**{**data["result"], "cached": True})
+    known = _read_result(result_path)
+    if known is not None:
+        return known
     started = time.monotonic()
 
     def done(outcome: Outcome, klass: str = "", evidence: str = "", excerpt: str = "") -> ImportCheck:
