@@ -15,7 +15,7 @@ import functools
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,12 +44,10 @@ from servematrix.stages import CPU_STAGES, STAGES, bench, build, importcheck, se
 from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store import DEFAULT_STORE, Store
 from servematrix.store import now as store_now
-from servematrix.util import DEFAULT_WORKDIR
+from servematrix.util import DEFAULT_WORKDIR, log_tail
 from servematrix.verdict import Verdict
 
 CPU_SMOKE = "matrix/cpu-smoke.toml"
-# The project's own servematrix directory: built models may live there even when --workdir is elsewhere.
-PROJECT_DIR = DEFAULT_WORKDIR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +149,10 @@ def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console
 
 
 def model_roots(options: RunOptions) -> tuple[Path, ...]:
-    return (options.workdir, PROJECT_DIR, *options.model_roots)
+    """Where a built model may lie: the run's workdir, the default workdir of the directory the run started
+    in (a matrix's relative `model.path`, such as `.servematrix/models/tiny-llama`, is read from there too,
+    whatever --workdir says), and the model roots the user names."""
+    return (options.workdir, Path.cwd() / DEFAULT_WORKDIR, *options.model_roots)
 
 
 def check_inputs(plan: Plan, options: RunOptions) -> None:
@@ -291,16 +292,39 @@ class _Runner:
         if claim.unchanged:
             self.summary.skipped_unchanged += 1
             return
+        self._guarded(
+            cell, state, lambda: self._run_cell(state, cell), lambda result: self._record(cell, state, result)
+        )
+
+    def _guarded(
+        self, cell: Cell, state: _EnvState, work: Callable[[], None], on_fault: Callable[[Verdict], None]
+    ) -> None:
+        """The one place where an exception becomes a verdict (as nox's SessionRunner.execute), for a cell or
+        one server start of it: SIGINT and bad input stop the run, the cell's claim ended `interrupted`; any
+        other exception is a verdict (`_verdict_of`) handed to `on_fault`, and the run goes on."""
         try:
-            self._run_cell(state, cell)
+            work()
         except KeyboardInterrupt:
             self._end_claim(cell, "interrupted", "interrupted (SIGINT/SIGTERM)")
             raise
         except InputError:
             self._end_claim(cell, "interrupted", "the run stopped on bad input")
             raise
-        except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
-            self._record(cell, state, verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:
+            on_fault(self._verdict_of(exc, state))
+
+    def _verdict_of(self, exc: Exception, state: _EnvState) -> Verdict:
+        """What an exception says. A model the cell's environment could not build: the stack's failure when
+        the stack itself did not import there (then every cell of the environment shares it), else the
+        harness's. Anything else is the harness's (no free port, a crash of servematrix): retried next run."""
+        if isinstance(exc, ModelBuildError):
+            result = self._model_build_verdict(exc)
+            if result.final:
+                state.ended = result
+            return result
+        if isinstance(exc, ports.NoPortError):
+            return verdict.error("harness", excerpt=f"port: {exc}")
+        return verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
 
     def _more_starts(self, state: _EnvState) -> list[str]:
         """The further server starts of the environment's served cells, interleaved across its modes
@@ -309,7 +333,7 @@ class _Runner:
         for _ in range(1, self._starts):
             for pending in state.pending.values():
                 if pending.starts[-1].result.kind == "pass":
-                    self._serve_again(state, pending)
+                    pending.starts.append(self._start(state, pending.cell))
         for pending in state.pending.values():
             self._finish_served(state, pending.cell, pending.starts, pending.prediction)
         finished = list(state.pending)
@@ -389,7 +413,7 @@ class _Runner:
             )
             state.stage_seconds["build"] = round(state.built.seconds, 3)
             if not state.built.ok:
-                state.ended = verdict.build_failed(state.built.excerpt, _tail(build_log))
+                state.ended = verdict.build_failed(state.built.excerpt, log_tail(build_log, 1000))
                 return state.ended
         return None
 
@@ -486,26 +510,22 @@ class _Runner:
         )
 
     def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
-        try:
-            outcome = self._serve_once(state, cell)
-        except ModelBuildError as exc:
-            result = self._model_build_verdict(exc)
-            if result.final:
-                state.ended = result  # the stack's own failure: every cell of the environment shares it
-            self._record(cell, state, result)
-            return
+        outcome = self._start(state, cell)
         if self._starts > 1 and outcome.result.kind == "pass":
             # More starts of this cell follow, interleaved with the environment's other modes (run()).
             state.pending[cell.id] = _Pending(cell=cell, prediction=prediction, starts=[outcome])
             return
         self._finish_served(state, cell, [outcome], prediction)
 
-    def _serve_again(self, state: _EnvState, pending: _Pending) -> None:
-        """One more server start of a cell that has passed every start so far."""
-        try:
-            pending.starts.append(self._serve_once(state, pending.cell))
-        except ModelBuildError as exc:
-            pending.starts.append(_Served(result=self._model_build_verdict(exc), metrics=None, stage_seconds={}))
+    def _start(self, state: _EnvState, cell: Cell) -> _Served:
+        """One server start of the cell; an exception is that start's verdict (`_guarded`)."""
+        served: list[_Served] = []
+
+        def fault(result: Verdict) -> None:
+            served.append(_Served(result=result, metrics=None, stage_seconds=dict(state.stage_seconds)))
+
+        self._guarded(cell, state, lambda: served.append(self._serve_once(state, cell)), fault)
+        return served[0]
 
     def _model_build_verdict(self, exc: ModelBuildError) -> Verdict:
         """A model that could not be built in the cell's environment. When the environment's own stack did
@@ -552,7 +572,7 @@ class _Runner:
         self.summary.verdicts[cell.id] = str(result)
 
     def _serve_once(self, state: _EnvState, cell: Cell) -> _Served:
-        """Start the cell's server, wait for it, benchmark it, stop it. Raises ModelBuildError."""
+        """Start the cell's server, wait for it, benchmark it, stop it. A fault raises (see `_start`)."""
         spec = self.plan.spec
         assert state.built is not None
         model_dir = self._model_dir(state)
@@ -560,10 +580,7 @@ class _Runner:
         run_id = self.options.run_id
         start = len(state.pending[cell.id].starts) if cell.id in state.pending else 0
         log_path = self.options.workdir / "logs" / run_id / f"{cell.id}{f'.start{start + 1}' if start else ''}.log"
-        try:
-            port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
-        except ports.NoPortError as exc:
-            return _Served(result=verdict.error("harness", excerpt=f"port: {exc}"), metrics=None, stage_seconds={})
+        port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
         planned = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
         # `***` values of secret flags come from the environment (check_inputs made sure they are set).
         argv = fill_secrets(planned, self._secret_flags, os.environ)
@@ -613,14 +630,6 @@ class _Runner:
                     result = verdict.passed()
                 if result.kind == "pass":
                     result = mode_check(spec.engine, cell, log_path)
-        except KeyboardInterrupt:
-            self.store.finish(
-                run_id, cell.id, verdict="interrupted", excerpt="interrupted (SIGINT/SIGTERM)", stages=stage_seconds
-            )
-            self.summary.verdicts[cell.id] = "interrupted"
-            raise
-        except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
-            result = verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
         finally:
             # Killing a `podman run` client only forwards SIGTERM: a hung server would keep its container
             # (and GPUs). Backends that own such resources remove them here.
@@ -771,16 +780,6 @@ def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
             )
         evidence = f"{cell.mode}: no {unwanted!r} line in the server log"
     return Verdict(kind="pass", evidence=(evidence,))
-
-
-def _tail(path: Path, size: int = 65536) -> str:
-    """The end of a log, for classifying a failure whose cause may precede the excerpt."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - size))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def build_argv(plan: Plan, cell: Cell, *, model: str, port: int, host: str) -> tuple[str, ...]:
