@@ -209,6 +209,15 @@ class _EnvState:
 
 
 @dataclass
+class _CellRun:
+    """One cell on its way through the cell stages: what an earlier stage tells a later one."""
+
+    state: _EnvState
+    cell: Cell
+    prediction: Verdict | None = None  # the CPU pre-flights' verdict, checked by serving the cell
+
+
+@dataclass
 class _Runner:
     plan: Plan
     backend: Backend
@@ -380,42 +389,56 @@ class _Runner:
         )
         self.summary.verdicts[cell.id] = str(result)
 
-    # -- environment stages ----------------------------------------------------------------------
+    # -- environment stages: run once, shared by every cell of the environment ----------------------
     def _prepare_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
-        if state.ended is not None:
-            return state.ended
-        env, engine = state.env, self.plan.spec.engine
-        if self._wants("resolve") and state.resolved is None:
-            self._stage(cell, "resolve")
-            started = time.monotonic()
-            state.resolved = self._resolve(env)
-            state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
-            state.ended = verdict.resolve_ended(state.resolved.status, state.resolved.reason)
-            if state.ended:
-                return state.ended
-        if not gpu_ready(env):
-            if self._wants("import") and "import" in engine.preflight and not state.imported:
-                state.imported = True  # once per environment: its cells share the lock
-                state.ended = self._import_check(state, cell)
-            return state.ended  # GPU stages are skipped per cell below; nothing to build here
-        if self._wants("build") and state.built is None:
-            self._stage(cell, "build")
-            resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
-            build_log = self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log"
-            state.built = build.build(
-                self.backend,
-                env,
-                engine,
-                lockfile=resolved.lockfile if resolved else None,
-                lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
-                log_path=build_log,
-                packages=self.plan.spec.file.packages,
-            )
-            state.stage_seconds["build"] = round(state.built.seconds, 3)
-            if not state.built.ok:
-                state.ended = verdict.build_failed(state.built.excerpt, log_tail(build_log, 1000))
-                return state.ended
+        """The environment's stages in order (`ENV_STAGES`); the first verdict ends every cell of it."""
+        if state.ended is None:
+            for stage in self.ENV_STAGES:
+                state.ended = stage(self, state, cell)
+                if state.ended is not None:
+                    break
+        return state.ended
+
+    def _resolve_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if not self._wants("resolve") or state.resolved is not None:
+            return None
+        self._stage(cell, "resolve")
+        started = time.monotonic()
+        state.resolved = self._resolve(state.env)
+        state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
+        return verdict.resolve_ended(state.resolved.status, state.resolved.reason)
+
+    def _import_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        """On a host without the environment's GPUs (nothing is built there), the import check, once."""
+        if gpu_ready(state.env) or state.imported:
+            return None
+        if not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
+            return None
+        state.imported = True  # once per environment: its cells share the lock
+        return self._import_check(state, cell)
+
+    def _build_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if not gpu_ready(state.env) or not self._wants("build") or state.built is not None:
+            return None  # GPU stages are skipped per cell on a host without the GPUs
+        self._stage(cell, "build")
+        env = state.env
+        resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
+        build_log = self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log"
+        state.built = build.build(
+            self.backend,
+            env,
+            self.plan.spec.engine,
+            lockfile=resolved.lockfile if resolved else None,
+            lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
+            log_path=build_log,
+            packages=self.plan.spec.file.packages,
+        )
+        state.stage_seconds["build"] = round(state.built.seconds, 3)
+        if not state.built.ok:
+            return verdict.build_failed(state.built.excerpt, log_tail(build_log, 1000))
         return None
+
+    ENV_STAGES = (_resolve_env, _import_env, _build_env)
 
     def _import_check(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """The environment's lock installed on this CPU and imported: a failure predicts every cell's."""
@@ -449,28 +472,51 @@ class _Runner:
 
     # -- cell stages -----------------------------------------------------------------------------
     def _run_cell(self, state: _EnvState, cell: Cell) -> None:
-        if not cell.applicable:
-            self._record(cell, state, verdict.skipped("not-applicable", excerpt=cell.reason))
-            return
-        ended = self._prepare_env(state, cell)
-        if ended is not None:
-            self._record(cell, state, ended)
-            return
-        prediction = self._probe(state, cell) if self._wants("probe") else None
-        if prediction is not None and prediction.kind == "fail":
-            self._record(cell, state, prediction)  # observed in the wheel: 0 GPU-seconds
-            return
-        if not gpu_ready(state.env) or (prediction is not None and self.options.trust_probe):
-            kind = state.env.gpu
-            skipped = Verdict(
-                kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=state.notes
-            )
-            self._record(cell, state, prediction or skipped)
-            return
-        if not (self._wants("serve") and state.built is not None):
-            self._record(cell, state, verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}"))
-            return
-        self._serve_and_bench(state, cell, prediction)
+        """A cell through its stages in order (`CELL_STAGES`): the first verdict ends the cell and is
+        recorded. The last stage, serving, records its own (more server starts may follow)."""
+        run = _CellRun(state=state, cell=cell)
+        for stage in self.CELL_STAGES:
+            ended = stage(self, run)
+            if ended is not None:
+                self._record(cell, state, ended)
+                return
+
+    def _applicable(self, run: _CellRun) -> Verdict | None:
+        cell = run.cell
+        return None if cell.applicable else verdict.skipped("not-applicable", excerpt=cell.reason)
+
+    def _environment(self, run: _CellRun) -> Verdict | None:
+        return self._prepare_env(run.state, run.cell)
+
+    def _preflights(self, run: _CellRun) -> Verdict | None:
+        if not self._wants("probe"):
+            return None
+        run.prediction = self._probe(run.state, run.cell)
+        if run.prediction is not None and run.prediction.kind == "fail":
+            return run.prediction  # observed in the wheel: 0 GPU-seconds
+        return None
+
+    def _gpus_here(self, run: _CellRun) -> Verdict | None:
+        """A host without the cell's GPUs (or a trusted prediction) ends the cell with what the CPU found."""
+        state = run.state
+        if gpu_ready(state.env) and not (run.prediction is not None and self.options.trust_probe):
+            return None
+        kind = state.env.gpu
+        skipped = Verdict(
+            kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=state.notes
+        )
+        return run.prediction or skipped
+
+    def _serving_asked(self, run: _CellRun) -> Verdict | None:
+        if self._wants("serve") and run.state.built is not None:
+            return None
+        return verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}")
+
+    def _serving(self, run: _CellRun) -> Verdict | None:
+        self._serve_and_bench(run.state, run.cell, run.prediction)
+        return None
+
+    CELL_STAGES = (_applicable, _environment, _preflights, _gpus_here, _serving_asked, _serving)
 
     def _probe(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,
