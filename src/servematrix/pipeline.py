@@ -14,7 +14,7 @@ import functools
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.engines import Engine, Hooks, PreflightInput, PreflightUnavailable
 from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
-from servematrix.models import ModelBuildError, check_model_path, ensure_model
+from servematrix.models import ModelBuildError, StackImportError, check_model_path, ensure_model
 from servematrix.plan import Plan
 from servematrix.progress import RunProgress, print_summary
 from servematrix.reaper import reap_orphans
@@ -43,12 +43,10 @@ from servematrix.stages import CPU_STAGES, STAGES, bench, build, importcheck, se
 from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store import DEFAULT_STORE, Store
 from servematrix.store import now as store_now
-from servematrix.util import DEFAULT_WORKDIR
+from servematrix.util import DEFAULT_WORKDIR, log_tail
 from servematrix.verdict import Verdict
 
 CPU_SMOKE = "matrix/cpu-smoke.toml"
-# The project's own servematrix directory: built models may live there even when --workdir is elsewhere.
-PROJECT_DIR = DEFAULT_WORKDIR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,7 +148,10 @@ def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console
 
 
 def model_roots(options: RunOptions) -> tuple[Path, ...]:
-    return (options.workdir, PROJECT_DIR, *options.model_roots)
+    """Where a built model may lie: the run's workdir, the default workdir of the directory the run started
+    in (a matrix's relative `model.path`, such as `.servematrix/models/tiny-llama`, is read from there too,
+    whatever --workdir says), and the model roots the user names."""
+    return (options.workdir, Path.cwd() / DEFAULT_WORKDIR, *options.model_roots)
 
 
 def check_inputs(plan: Plan, options: RunOptions) -> None:
@@ -207,6 +208,15 @@ class _EnvState:
 
 
 @dataclass
+class _CellRun:
+    """One cell on its way through the cell stages: what an earlier stage tells a later one."""
+
+    state: _EnvState
+    cell: Cell
+    prediction: Verdict | None = None  # the CPU pre-flights' verdict, checked by serving the cell
+
+
+@dataclass
 class _Runner:
     plan: Plan
     backend: Backend
@@ -216,6 +226,16 @@ class _Runner:
     summary: Summary
     _ceiling: bench.Ceiling | None = None  # the benchmark client's, measured on this host once per run
     _ceiling_tried: bool = False
+    _unavailable_said: set[tuple[str, str]] = field(default_factory=set)  # (pre-flight, reason) said this run
+    host: dict[str, Any] = field(init=False)  # this host's facts, in every row
+    _started: str = field(init=False)  # when the run began: a claim older than this is a dead run's
+    _secret_flags: frozenset[str] = field(init=False)
+    _progress: RunProgress = field(init=False)  # made by run(), once it knows how many cells it runs
+
+    def __post_init__(self) -> None:
+        self.host = hostinfo.host().to_dict()
+        self._started = store_now()
+        self._secret_flags = spec_secret_flags(self.plan.spec)
 
     @property
     def _starts(self) -> int:
@@ -232,10 +252,6 @@ class _Runner:
 
     def run(self) -> None:
         spec = self.plan.spec
-        host = hostinfo.host()
-        self.host = host.to_dict()
-        self._started = store_now()
-        self._secret_flags = spec_secret_flags(spec)
         todo: dict[str, list[Cell]] = {}
         for cell in self.plan.cells:
             if not self.options.rerun and self.store.finished(cell.id, self._inputs(cell)):
@@ -271,7 +287,7 @@ class _Runner:
     def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
         """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""
         claim = self.store.claim(
-            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
+            **self._row(cell, state),
             harness_pid=os.getpid(),
             hostname=hostinfo.host().hostname,
             rerun=self.options.rerun,
@@ -284,16 +300,39 @@ class _Runner:
         if claim.unchanged:
             self.summary.skipped_unchanged += 1
             return
+        self._guarded(
+            cell, state, lambda: self._run_cell(state, cell), lambda result: self._record(cell, state, result)
+        )
+
+    def _guarded(
+        self, cell: Cell, state: _EnvState, work: Callable[[], None], on_fault: Callable[[Verdict], None]
+    ) -> None:
+        """The one place where an exception becomes a verdict (as nox's SessionRunner.execute), for a cell or
+        one server start of it: SIGINT and bad input stop the run, the cell's claim ended `interrupted`; any
+        other exception is a verdict (`_verdict_of`) handed to `on_fault`, and the run goes on."""
         try:
-            self._run_cell(state, cell)
+            work()
         except KeyboardInterrupt:
             self._end_claim(cell, "interrupted", "interrupted (SIGINT/SIGTERM)")
             raise
         except InputError:
             self._end_claim(cell, "interrupted", "the run stopped on bad input")
             raise
-        except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
-            self._record(cell, state, verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:
+            on_fault(self._verdict_of(exc, state))
+
+    def _verdict_of(self, exc: Exception, state: _EnvState) -> Verdict:
+        """What an exception says. A model the cell's environment could not build: the stack's failure when
+        the stack itself did not import there (then every cell of the environment shares it), else the
+        harness's. Anything else is the harness's (no free port, a crash of servematrix): retried next run."""
+        if isinstance(exc, ModelBuildError):
+            result = self._model_build_verdict(exc)
+            if result.final:
+                state.ended = result
+            return result
+        if isinstance(exc, ports.NoPortError):
+            return verdict.error("harness", excerpt=f"port: {exc}")
+        return verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
 
     def _more_starts(self, state: _EnvState) -> list[str]:
         """The further server starts of the environment's served cells, interleaved across its modes
@@ -302,7 +341,7 @@ class _Runner:
         for _ in range(1, self._starts):
             for pending in state.pending.values():
                 if pending.starts[-1].result.kind == "pass":
-                    self._serve_again(state, pending)
+                    pending.starts.append(self._start(state, pending.cell))
         for pending in state.pending.values():
             self._finish_served(state, pending.cell, pending.starts, pending.prediction)
         finished = list(state.pending)
@@ -324,37 +363,23 @@ class _Runner:
     def _wants(self, stage: str) -> bool:
         return stage in self.options.stages
 
-    def _base_row(self, cell: Cell, state: _EnvState) -> dict[str, Any]:
-        return {
-            "run_id": self.options.run_id,
-            "cell_id": cell.id,
-            "env_id": cell.env_id,
-            "engine": cell.env.engine,
-            "mode": cell.mode,
-            "matrix": str(self.plan.spec.path),
-            "axes": dict(cell.env.axes),
-            "inputs_hash": self._inputs(cell),
-            "host": self.host,
-            "argv": list(cell.command),
-            "lock_hash": state.built.lock_hash
-            if state.built
-            else (state.resolved.inputs_hash if state.resolved else None),
-            "lock_file": str(state.resolved.lockfile) if state.resolved and state.resolved.lockfile else None,
-            "crossed_pins": state.resolved.crossed if state.resolved else None,
-            "image_digest": state.built.image_digest if state.built else None,
-            "backend": self.backend.name,
-        }
-
-    def _argv_fields(self, argv: Sequence[str]) -> dict[str, Any]:
-        """argv as stored: secret values masked, and which flags were (the reproduce block names them)."""
-        return {
-            "argv": redact_argv(argv, self._secret_flags),
-            "redacted_flags": masked_flags(argv, self._secret_flags),
-        }
+    def _row(self, cell: Cell, state: _EnvState, argv: Sequence[str] | None = None) -> dict[str, Any]:
+        return cell_row(
+            self.plan,
+            cell,
+            run_id=self.options.run_id,
+            inputs=self._inputs(cell),
+            host=self.host,
+            backend=self.backend.name,
+            secret_flags=self._secret_flags,
+            resolved=state.resolved,
+            built=state.built,
+            argv=argv,
+        )
 
     def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
         self.store.record(
-            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
+            **self._row(cell, state),
             verdict=str(result),
             excerpt=result.excerpt,
             evidence=list(result.evidence),
@@ -363,45 +388,56 @@ class _Runner:
         )
         self.summary.verdicts[cell.id] = str(result)
 
-    # -- environment stages ----------------------------------------------------------------------
+    # -- environment stages: run once, shared by every cell of the environment ----------------------
     def _prepare_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
-        if state.ended is not None:
-            return state.ended
-        env, engine = state.env, self.plan.spec.engine
-        if self._wants("resolve") and state.resolved is None:
-            self._stage(cell, "resolve")
-            started = time.monotonic()
-            state.resolved = self._resolve(env)
-            state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
-            if state.resolved.status == "unresolvable":
-                state.ended = Verdict(kind="unresolvable", excerpt=state.resolved.reason)
-            elif state.resolved.status == "error":
-                state.ended = verdict.error("resolve", state.resolved.reason)
-            if state.ended:
-                return state.ended
-        if not gpu_ready(env):
-            if self._wants("import") and "import" in engine.preflight and not state.imported:
-                state.imported = True  # once per environment: its cells share the lock
-                state.ended = self._import_check(state, cell)
-            return state.ended  # GPU stages are skipped per cell below; nothing to build here
-        if self._wants("build") and state.built is None:
-            self._stage(cell, "build")
-            resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
-            build_log = self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log"
-            state.built = build.build(
-                self.backend,
-                env,
-                engine,
-                lockfile=resolved.lockfile if resolved else None,
-                lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
-                log_path=build_log,
-                packages=self.plan.spec.file.packages,
-            )
-            state.stage_seconds["build"] = round(state.built.seconds, 3)
-            if not state.built.ok:
-                state.ended = verdict.build_failed(state.built.excerpt, _tail(build_log))
-                return state.ended
+        """The environment's stages in order (`ENV_STAGES`); the first verdict ends every cell of it."""
+        if state.ended is None:
+            for stage in self.ENV_STAGES:
+                state.ended = stage(self, state, cell)
+                if state.ended is not None:
+                    break
+        return state.ended
+
+    def _resolve_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if not self._wants("resolve") or state.resolved is not None:
+            return None
+        self._stage(cell, "resolve")
+        started = time.monotonic()
+        state.resolved = self._resolve(state.env)
+        state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
+        return verdict.resolve_ended(state.resolved.status, state.resolved.reason)
+
+    def _import_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        """On a host without the environment's GPUs (nothing is built there), the import check, once."""
+        if gpu_ready(state.env) or state.imported:
+            return None
+        if not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
+            return None
+        state.imported = True  # once per environment: its cells share the lock
+        return self._import_check(state, cell)
+
+    def _build_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if not gpu_ready(state.env) or not self._wants("build") or state.built is not None:
+            return None  # GPU stages are skipped per cell on a host without the GPUs
+        self._stage(cell, "build")
+        env = state.env
+        resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
+        build_log = self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log"
+        state.built = build.build(
+            self.backend,
+            env,
+            self.plan.spec.engine,
+            lockfile=resolved.lockfile if resolved else None,
+            lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
+            log_path=build_log,
+            packages=self.plan.spec.file.packages,
+        )
+        state.stage_seconds["build"] = round(state.built.seconds, 3)
+        if not state.built.ok:
+            return verdict.build_failed(state.built.excerpt, log_tail(build_log, 1000))
         return None
+
+    ENV_STAGES = (_resolve_env, _import_env, _build_env)
 
     def _import_check(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """The environment's lock installed on this CPU and imported: a failure predicts every cell's."""
@@ -421,6 +457,11 @@ class _Runner:
         note += f": {checked.evidence}" if checked.evidence else ""
         if checked.outcome == "fail":
             return Verdict(kind="predicted-fail", detail=checked.klass, excerpt=checked.excerpt, evidence=(note,))
+        if checked.outcome == "error":
+            # The check could not run here (an install fault, no interpreter): says nothing about the stack,
+            # and is retried next run rather than left as a final skipped:no-gpu.
+            excerpt = "\n".join(filter(None, (checked.excerpt, checked.evidence)))  # the reason last
+            return Verdict(kind="error", detail="import-check", excerpt=excerpt, evidence=(note,))
         state.notes = (note,)
         return None
 
@@ -430,28 +471,51 @@ class _Runner:
 
     # -- cell stages -----------------------------------------------------------------------------
     def _run_cell(self, state: _EnvState, cell: Cell) -> None:
-        if not cell.applicable:
-            self._record(cell, state, verdict.skipped("not-applicable", excerpt=cell.reason))
-            return
-        ended = self._prepare_env(state, cell)
-        if ended is not None:
-            self._record(cell, state, ended)
-            return
-        prediction = self._probe(state, cell) if self._wants("probe") else None
-        if prediction is not None and prediction.kind == "fail":
-            self._record(cell, state, prediction)  # observed in the wheel: 0 GPU-seconds
-            return
-        if not gpu_ready(state.env) or (prediction is not None and self.options.trust_probe):
-            kind = state.env.gpu
-            skipped = Verdict(
-                kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=state.notes
-            )
-            self._record(cell, state, prediction or skipped)
-            return
-        if not (self._wants("serve") and state.built is not None):
-            self._record(cell, state, verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}"))
-            return
-        self._serve_and_bench(state, cell, prediction)
+        """A cell through its stages in order (`CELL_STAGES`): the first verdict ends the cell and is
+        recorded. The last stage, serving, records its own (more server starts may follow)."""
+        run = _CellRun(state=state, cell=cell)
+        for stage in self.CELL_STAGES:
+            ended = stage(self, run)
+            if ended is not None:
+                self._record(cell, state, ended)
+                return
+
+    def _applicable(self, run: _CellRun) -> Verdict | None:
+        cell = run.cell
+        return None if cell.applicable else verdict.skipped("not-applicable", excerpt=cell.reason)
+
+    def _environment(self, run: _CellRun) -> Verdict | None:
+        return self._prepare_env(run.state, run.cell)
+
+    def _preflights(self, run: _CellRun) -> Verdict | None:
+        if not self._wants("probe"):
+            return None
+        run.prediction = self._probe(run.state, run.cell)
+        if run.prediction is not None and run.prediction.kind == "fail":
+            return run.prediction  # observed in the wheel: 0 GPU-seconds
+        return None
+
+    def _gpus_here(self, run: _CellRun) -> Verdict | None:
+        """A host without the cell's GPUs (or a trusted prediction) ends the cell with what the CPU found."""
+        state = run.state
+        if gpu_ready(state.env) and not (run.prediction is not None and self.options.trust_probe):
+            return None
+        kind = state.env.gpu
+        skipped = Verdict(
+            kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=state.notes
+        )
+        return run.prediction or skipped
+
+    def _serving_asked(self, run: _CellRun) -> Verdict | None:
+        if self._wants("serve") and run.state.built is not None:
+            return None
+        return verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}")
+
+    def _serving(self, run: _CellRun) -> Verdict | None:
+        self._serve_and_bench(run.state, run.cell, run.prediction)
+        return None
+
+    CELL_STAGES = (_applicable, _environment, _preflights, _gpus_here, _serving_asked, _serving)
 
     def _probe(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,
@@ -472,7 +536,7 @@ class _Runner:
                 try:
                     result = check(preflight)
                 except PreflightUnavailable as exc:
-                    self.console.print(f"[yellow]{name} pre-flight of {cell.id} could not run: {exc}[/]")
+                    self._say_unavailable(name, cell, str(exc))
                     continue
                 if result is not None:
                     return result
@@ -480,26 +544,46 @@ class _Runner:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
         return None
 
-    def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
-        try:
-            outcome = self._serve_once(state, cell)
-        except ModelBuildError as exc:
-            self._record(cell, state, verdict.error("model-build", excerpt=str(exc)))
+    def _say_unavailable(self, name: str, cell: Cell, reason: str) -> None:
+        """A pre-flight that cannot run, said once per reason: a host without a package index would
+        otherwise say the same line for every cell."""
+        if (name, reason) in self._unavailable_said:
             return
+        self._unavailable_said.add((name, reason))
+        self.console.print(
+            f"[yellow]{name} pre-flight could not run ({cell.id}, and later cells alike): {reason}[/]", soft_wrap=True
+        )
+
+    def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
+        outcome = self._start(state, cell)
         if self._starts > 1 and outcome.result.kind == "pass":
             # More starts of this cell follow, interleaved with the environment's other modes (run()).
             state.pending[cell.id] = _Pending(cell=cell, prediction=prediction, starts=[outcome])
             return
         self._finish_served(state, cell, [outcome], prediction)
 
-    def _serve_again(self, state: _EnvState, pending: _Pending) -> None:
-        """One more server start of a cell that has passed every start so far."""
-        try:
-            pending.starts.append(self._serve_once(state, pending.cell))
-        except ModelBuildError as exc:
-            pending.starts.append(
-                _Served(result=verdict.error("model-build", excerpt=str(exc)), metrics=None, stage_seconds={})
+    def _start(self, state: _EnvState, cell: Cell) -> _Served:
+        """One server start of the cell; an exception is that start's verdict (`_guarded`)."""
+        served: list[_Served] = []
+
+        def fault(result: Verdict) -> None:
+            served.append(_Served(result=result, metrics=None, stage_seconds=dict(state.stage_seconds)))
+
+        self._guarded(cell, state, lambda: served.append(self._serve_once(state, cell)), fault)
+        return served[0]
+
+    def _model_build_verdict(self, exc: ModelBuildError) -> Verdict:
+        """A model that could not be built in the cell's environment. When the environment's own stack did
+        not import there, that is the stack's failure, classified as the import check classifies one (the
+        server would die at the same import); anything else is the harness's, retried next run."""
+        if isinstance(exc, StackImportError):
+            outcome, klass, deciding = importcheck.import_failure(
+                exc.output, self.plan.spec.engine, returncode=exc.returncode
             )
+            if outcome == "fail":
+                note = f"the stack did not import in this environment (while the model was built in it): {deciding}"
+                return verdict.failed(klass, excerpt=exc.output[-3000:], evidence=(note,))
+        return verdict.error("model-build", excerpt=str(exc))
 
     def _finish_served(
         self, state: _EnvState, cell: Cell, starts: Sequence[_Served], prediction: Verdict | None
@@ -533,7 +617,7 @@ class _Runner:
         self.summary.verdicts[cell.id] = str(result)
 
     def _serve_once(self, state: _EnvState, cell: Cell) -> _Served:
-        """Start the cell's server, wait for it, benchmark it, stop it. Raises ModelBuildError."""
+        """Start the cell's server, wait for it, benchmark it, stop it. A fault raises (see `_start`)."""
         spec = self.plan.spec
         assert state.built is not None
         model_dir = self._model_dir(state)
@@ -541,10 +625,7 @@ class _Runner:
         run_id = self.options.run_id
         start = len(state.pending[cell.id].starts) if cell.id in state.pending else 0
         log_path = self.options.workdir / "logs" / run_id / f"{cell.id}{f'.start{start + 1}' if start else ''}.log"
-        try:
-            port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
-        except ports.NoPortError as exc:
-            return _Served(result=verdict.error("harness", excerpt=f"port: {exc}"), metrics=None, stage_seconds={})
+        port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
         planned = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
         # `***` values of secret flags come from the environment (check_inputs made sure they are set).
         argv = fill_secrets(planned, self._secret_flags, os.environ)
@@ -558,10 +639,8 @@ class _Runner:
             launch = LaunchSpec(argv=tuple(self._cpu_split.pin_server(launch.argv)), env=launch.env, owns_listener=True)
         timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
         # The claimed row gets what resolve and build have learnt since (lock, image) and the argv that runs.
-        known = {k: v for k, v in self._base_row(cell, state).items() if k not in ("run_id", "cell_id")}
-        self.store.update(
-            run_id, cell.id, **{**known, **self._argv_fields(argv)}, log_path=str(log_path), harness_pid=os.getpid()
-        )
+        known = {k: v for k, v in self._row(cell, state, argv).items() if k not in ("run_id", "cell_id")}
+        self.store.update(run_id, cell.id, **known, log_path=str(log_path), harness_pid=os.getpid())
 
         def started(pid: int, pgid: int) -> None:
             self.store.update(run_id, cell.id, server_pid=pid, server_pgid=pgid)
@@ -596,14 +675,6 @@ class _Runner:
                     result = verdict.passed()
                 if result.kind == "pass":
                     result = mode_check(spec.engine, cell, log_path)
-        except KeyboardInterrupt:
-            self.store.finish(
-                run_id, cell.id, verdict="interrupted", excerpt="interrupted (SIGINT/SIGTERM)", stages=stage_seconds
-            )
-            self.summary.verdicts[cell.id] = "interrupted"
-            raise
-        except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
-            result = verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
         finally:
             # Killing a `podman run` client only forwards SIGTERM: a hung server would keep its container
             # (and GPUs). Backends that own such resources remove them here.
@@ -677,6 +748,43 @@ class _Runner:
         )
 
 
+def cell_row(
+    plan: Plan,
+    cell: Cell,
+    *,
+    run_id: str,
+    inputs: str,
+    host: dict[str, Any],
+    backend: str | None,
+    secret_flags: frozenset[str],
+    resolved: ResolveOutcome | None = None,
+    built: Built | None = None,
+    argv: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """A cell run's store row, as far as the run knows it: the one builder of rows (the runner's, and the
+    bisection's own probe rows). `argv` is what ran (default: the planned command), stored with secret values
+    masked and the masked flags named (the reproduce block names them)."""
+    shown = cell.command if argv is None else argv
+    return {
+        "run_id": run_id,
+        "cell_id": cell.id,
+        "env_id": cell.env_id,
+        "engine": cell.env.engine,
+        "mode": cell.mode,
+        "matrix": str(plan.spec.path),
+        "axes": dict(cell.env.axes),
+        "inputs_hash": inputs,
+        "host": host,
+        "argv": redact_argv(shown, secret_flags),
+        "redacted_flags": masked_flags(shown, secret_flags),
+        "lock_hash": built.lock_hash if built else (resolved.inputs_hash if resolved else None),
+        "lock_file": str(resolved.lockfile) if resolved and resolved.lockfile else None,
+        "crossed_pins": resolved.crossed if resolved else None,
+        "image_digest": built.image_digest if built else None,
+        "backend": backend,
+    }
+
+
 def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
     """A served cell passes only if its log proves the mode ran as asked (engine data: `mode_evidence`)."""
     rule = engine.evidence_for(cell.mode, cell.env.version)
@@ -705,16 +813,6 @@ def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
     else:
         evidence = f"{cell.mode}: no {' or '.join(repr(u) for u in rule.absent)} line in the server log"
     return Verdict(kind="pass", evidence=(evidence,))
-
-
-def _tail(path: Path, size: int = 65536) -> str:
-    """The end of a log, for classifying a failure whose cause may precede the excerpt."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - size))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def build_argv(plan: Plan, cell: Cell, *, model: str, port: int, host: str) -> tuple[str, ...]:

@@ -248,13 +248,19 @@ class Hooks:
 
     preflights: Mapping[str, Preflight]
     preamble: Callable[[Sequence[Cell], Engine, Path], list[str]] | None = None
+    # `bisect --probe-entry ENTRY`: one named probe of a cell, as (verdict, whether its result was cached).
+    probe_entry: Callable[..., tuple[Verdict, bool]] | None = None
 
     @staticmethod
     def of(engine: Engine) -> Hooks:
         if not engine.hooks:
             return Hooks(preflights={})
         module = importlib.import_module(engine.hooks)
-        return Hooks(preflights=getattr(module, "PREFLIGHTS", {}), preamble=getattr(module, "preamble", None))
+        return Hooks(
+            preflights=getattr(module, "PREFLIGHTS", {}),
+            preamble=getattr(module, "preamble", None),
+            probe_entry=getattr(module, "probe_entry", None),
+        )
 
 
 def _engine_folders() -> list[Traversable]:
