@@ -13,8 +13,8 @@ OpenAI-path clients spread alike and more than ``/generate``, the server's OpenA
     python ci/gpu/peer_check.py --python PY --model DIR [--repeats 5] [--out peer-check.json]
 
 ``PY`` is an interpreter that imports sglang (a venv, or a wrapper that sets PYTHONPATH). sglang's
-``bench_serving`` imports ``datasets`` when it loads; for ``random-ids`` nothing of it is used, so a stub is put
-first on its path when the real package is missing. Nothing here is a test: it needs a GPU.
+``bench_serving`` imports ``datasets`` when it loads; for ``random-ids`` nothing of it is used, so a stub goes
+last on its path (a real ``datasets`` wins). Nothing here is a test: it needs a GPU.
 """
 
 from __future__ import annotations
@@ -67,8 +67,13 @@ def _wait_ready(url: str, server: subprocess.Popen, timeout_s: float) -> float:
 def _bench_serving(python: str, backend: str, args: argparse.Namespace, port: int, cpus: str, env: dict) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.jsonl"
+        # Run as a module from -c so that the stub goes on sys.path whatever PYTHONPATH the interpreter sets.
+        launcher = (
+            f"import runpy, sys; sys.path.append({str(env['SERVEMATRIX_PEER_STUB'])!r}); "
+            "sys.argv[0] = 'bench_serving'; runpy.run_module('sglang.bench_serving', run_name='__main__')"
+        )
         argv = [
-            "taskset", "-c", cpus, python, "-m", "sglang.bench_serving", "--backend", backend,
+            "taskset", "-c", cpus, python, "-c", launcher, "--backend", backend,
             "--host", "127.0.0.1", "--port", str(port), "--model", args.model, "--tokenizer", args.model,
             "--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
@@ -102,10 +107,8 @@ def main() -> int:
     stub = Path(tempfile.mkdtemp()) / "stub"
     (stub / "datasets").mkdir(parents=True)
     (stub / "datasets" / "__init__.py").write_text(STUB)
-    env = dict(os.environ)
-    probe = subprocess.run([args.python, "-c", "import datasets"], env=env, capture_output=True)
-    if probe.returncode != 0:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(stub)]))
+    # Appended to sys.path: a real `datasets` earlier on the path wins.
+    env = {**os.environ, "SERVEMATRIX_PEER_STUB": str(stub)}
     log = args.out.with_suffix(".server.log")
     server_argv = [
         args.python, "-m", "sglang.launch_server", "--model-path", args.model, "--host", "127.0.0.1",

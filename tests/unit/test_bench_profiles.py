@@ -72,18 +72,28 @@ def test_a_nested_profile_is_pooled_too():
     assert len(pooled["prefill"]["levels"][0]["runs"]) == 4
 
 
+def _two_starts(**kw) -> dict:
+    """A cell's record over two server starts, each with a decode and a prefill profile."""
+    ttft = kw.pop("ttft_delay_s", 0.0)
+    starts = [
+        {**_report(0.001).to_dict(), "prefill": _report(0.0, profile="prefill", ttft_delay_s=ttft, **kw).to_dict()}
+        for _ in range(2)
+    ]
+    pooled = bench.pool_starts(starts)
+    assert pooled is not None
+    return pooled
+
+
 def test_ttft_speedup_is_oriented_so_that_faster_is_above_one():
-    slow = _report(0.0, profile="prefill", repeats=3, ttft_delay_s=0.03).to_dict()
-    fast = _report(0.0, profile="prefill", repeats=3, ttft_delay_s=0.005).to_dict()
-    base = {**_report(0.001).to_dict(), "prefill": slow}
-    treat = {**_report(0.001).to_dict(), "prefill": fast}
+    base, treat = _two_starts(ttft_delay_s=0.03), _two_starts(ttft_delay_s=0.005)
     found = bench.compare(base, treat, "prefill")
     headline = found.headline
     assert headline is not None and headline.metric == "ttft" and headline.concurrency == 1
     assert headline.ratio > 2 and not headline.inconclusive
     assert headline.heading == "TTFT @1, 64 in"
     assert {s.metric for s in found.judged} == {"ttft", "input_tok_s"}
-    # decode figures stand beside a prefill mode's; same server speed, so the decode range holds 1.0 or near.
+    assert headline.baseline_starts == headline.treatment_starts == 2
+    # decode figures stand beside a prefill mode's
     assert {s.concurrency for s in found.decode} == {1, 2}
     assert all(s.metric == "output_tok_s" for s in found.decode)
     # the other way round it is a slowdown
@@ -95,6 +105,17 @@ def test_decode_mode_is_judged_on_output_tok_s_at_every_level():
     found = bench.compare(base, treat, "decode")
     assert [s.concurrency for s in found.judged] == [1, 2] and not found.decode
     assert all(s.metric == "output_tok_s" and s.ratio > 1 for s in found.judged)
+    assert found.headline is not None and found.headline.concurrency == 2  # decode: the highest level
+
+
+def test_one_server_start_per_mode_is_never_conclusive():
+    # The spread between server starts was as large as the effects on the H200: one start measures none of it.
+    base, treat = _report(0.004, repeats=3).to_dict(), _report(0.0005, repeats=3).to_dict()
+    found = bench.speedup(base, treat, 2)
+    assert found.low > 1 and found.inconclusive and found.why_inconclusive == "one server start per mode"
+    assert found.range_text.endswith("inconclusive: one server start per mode")
+    pooled = bench.speedup(bench.pool_starts([base, base]), bench.pool_starts([treat, treat]), 2)
+    assert not pooled.inconclusive and pooled.range_text.endswith("conclusive")
 
 
 def test_a_range_that_holds_one_is_inconclusive():

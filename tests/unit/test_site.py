@@ -42,7 +42,8 @@ def metrics(*levels: tuple[int, float, float, float]) -> dict[str, Any]:
                 "error_count": 0,
                 "output_tok_s": {"min": lo, "median": med, "max": hi},
                 "request_s": {"min": 1.0, "median": 1.0, "max": 1.0},
-                "runs": [{"repeat": 0, "output_tok_s": lo}, {"repeat": 1, "output_tok_s": hi}],
+                # one repeat of each of two server starts
+                "runs": [{"repeat": 0, "start": 1, "output_tok_s": lo}, {"repeat": 0, "start": 2, "output_tok_s": hi}],
             }
             for c, lo, med, hi in levels
         ],
@@ -51,7 +52,9 @@ def metrics(*levels: tuple[int, float, float, float]) -> dict[str, Any]:
 
 def with_prefill(record: dict[str, Any], ttft_s: tuple[float, float], input_len: int = 1024) -> dict[str, Any]:
     """A record with a prefill profile at one stream: two repeats whose mean TTFT are `ttft_s`."""
-    runs = [{"repeat": i, "ttft": {"mean": t}, "input_tok_s": input_len / t} for i, t in enumerate(ttft_s)]
+    runs = [
+        {"repeat": 0, "start": i + 1, "ttft": {"mean": t}, "input_tok_s": input_len / t} for i, t in enumerate(ttft_s)
+    ]
     prefill = {
         "workload": {"input_len": input_len, "output_len": 1},
         "levels": [

@@ -52,8 +52,8 @@ class Speedup:
 
     ``low``/``high`` with method "pairs": the smallest and largest ratio of any (treatment repeat, baseline
     repeat) pair; with "bootstrap": the 2.5th and 97.5th percentiles of the ratio of medians over resamples of
-    the repeats (fixed seed). ``inconclusive``: the range includes 1.0, or a side has a single repeat (no spread
-    to judge by).
+    the repeats (fixed seed). ``inconclusive``: the range includes 1.0, or a side has a single repeat or a
+    single server start (no spread to judge by).
     """
 
     concurrency: int
@@ -69,6 +69,8 @@ class Speedup:
     metric: str = "output_tok_s"
     profile: str = "decode"
     input_len: int | None = None
+    baseline_starts: int = 1
+    treatment_starts: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,8 +82,20 @@ class Speedup:
         return f"{METRICS[self.metric].label} @{self.concurrency}{where}"
 
     @property
+    def why_inconclusive(self) -> str:
+        """Why the figure decides nothing ("" when it is conclusive)."""
+        if not self.inconclusive:
+            return ""
+        if min(self.baseline_repeats, self.treatment_repeats) < 2:
+            return "one repeat"
+        if self.low <= 1.0 <= self.high:
+            return "range holds 1.0"
+        return "one server start per mode"
+
+    @property
     def range_text(self) -> str:
-        return f"{self.low:.2f}–{self.high:.2f}, {'inconclusive' if self.inconclusive else 'conclusive'}"
+        why = self.why_inconclusive
+        return f"{self.low:.2f}–{self.high:.2f}, " + (f"inconclusive: {why}" if why else "conclusive")
 
     def __str__(self) -> str:
         verdict = "inconclusive" if self.inconclusive else "conclusive"
@@ -100,16 +114,21 @@ def profile_record(report: ReportLike, profile: str) -> Mapping[str, Any] | None
     return record if record.get("levels") else None
 
 
-def _values(reports: ReportLike | Sequence[ReportLike], concurrency: int, metric: Metric) -> list[float]:
-    """Every repeat's figure at ``concurrency``, from one report or several (interleaved server starts)."""
+def _values(reports: ReportLike | Sequence[ReportLike], concurrency: int, metric: Metric) -> tuple[list[float], int]:
+    """Every repeat's figure at ``concurrency``, from one report or several (interleaved server starts), and
+    how many server starts they came from (a pooled record's runs name theirs)."""
     items: Iterable[ReportLike] = [reports] if isinstance(reports, BenchReport | Mapping) else reports
     values: list[float] = []
-    for item in items:
+    starts: set[tuple[int, object]] = set()
+    for index, item in enumerate(items):
         record = profile_record(item, metric.profile) or {}
         for lv in record.get("levels", []):
             if lv.get("concurrency") == concurrency:
-                values += [v for r in lv.get("runs", []) if (v := metric.value(r)) is not None]
-    return values
+                for r in lv.get("runs", []):
+                    if (v := metric.value(r)) is not None:
+                        values.append(v)
+                        starts.add((index, r.get("start", 1)))
+    return values, len(starts)
 
 
 def concurrencies(report: ReportLike, profile: str) -> list[int]:
@@ -140,7 +159,10 @@ def speedup(
     which = METRICS.get(metric)
     if which is None:
         raise ValueError(f"speedup: metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    base, treat = _values(baseline, concurrency, which), _values(treatment, concurrency, which)
+    (base, base_starts), (treat, treat_starts) = (
+        _values(baseline, concurrency, which),
+        _values(treatment, concurrency, which),
+    )
     for name, values in (("baseline", base), ("treatment", treat)):
         if not values:
             raise ValueError(f"speedup: the {name} has no repeat with {which.label} at {concurrency} streams")
@@ -158,7 +180,9 @@ def speedup(
         low, high = percentile(ratios, 2.5), percentile(ratios, 97.5)
     else:
         raise ValueError(f"speedup: method must be 'pairs' or 'bootstrap', got {method!r}")
-    single = len(base) < 2 or len(treat) < 2
+    # One server start per side measures no spread between starts, which on the H200 was as large as the
+    # effects compared (about 20 %): such a figure is shown, never called conclusive.
+    single = len(base) < 2 or len(treat) < 2 or base_starts < 2 or treat_starts < 2
     first = baseline if isinstance(baseline, BenchReport | Mapping) else baseline[0]
     return Speedup(
         concurrency=concurrency,
@@ -174,6 +198,8 @@ def speedup(
         metric=metric,
         profile=which.profile,
         input_len=input_len(first, which.profile) if which.profile != "decode" else None,
+        baseline_starts=base_starts,
+        treatment_starts=treat_starts,
     )
 
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The H200 lane on a GPU node that reaches no package index (docs/gpu-runners.md): unpack an sglang package
+# bundle (the packages of a release's lock that the node lacks; never torch, triton or nvidia-*) and write
+# the interpreter wrappers that `servematrix run --backend existing --python WRAPPER` serves with.
+#
+#   bash ci/gpu/h200-bundle.sh 0.5.12 PARTS_DIR EXTRA_DIR   # PARTS_DIR: site.tar.xz.*; EXTRA_DIR: extra-wheels/
+#                                                           # and override-kernels-0.14.1/
+#   bash ci/gpu/h200-bundle.sh 0.5.15 PARTS_DIR             # one tarball holds everything
+#
+# Writes /tmp/py-<release> (and /tmp/py-0.5.12-kernels-0.14.1) and prints the harness's PYTHONPATH line.
+set -euo pipefail
+release=$1
+parts=$2
+site=/tmp/site-$release
+rm -rf "$site" && mkdir -p "$site"
+cat "$parts"/site.tar.xz.* | xz -d -T0 | tar -x -C "$site"
+path=$site
+if [ "$release" = "0.5.12" ]; then
+  extra=$3
+  python3 -m pip install -q --no-index --no-deps --target "$site-x" "$extra"/extra-wheels/*.whl
+  python3 -m pip install -q --no-index --no-deps --target "$site-k014" "$extra"/override-kernels-0.14.1/*.whl
+  path=$site-x:$site
+  printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$site-k014:$path" > "/tmp/py-$release-kernels-0.14.1"
+  chmod +x "/tmp/py-$release-kernels-0.14.1"
+fi
+printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$path" > "/tmp/py-$release"
+chmod +x "/tmp/py-$release"
+"/tmp/py-$release" -c "import sglang, transformers, torch; print('bundle', sglang.__version__, transformers.__version__, torch.__version__)"
+# The harness itself needs pydantic, which the bundle carries: its path goes after the project's src.
+echo "HARNESS_PYTHONPATH=$PWD/src:$path"
