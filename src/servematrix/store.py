@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import sqlite3
@@ -115,6 +116,122 @@ _COLUMN_TYPES = dict(re.findall(r"^\s+(\w+)\s+(TEXT|INTEGER)", SCHEMA, re.MULTIL
 # started_at has one-second resolution and a process starts just before its row: allow for both.
 _OWNER_START_SLACK_S = 2.0
 _LOCK_WAIT_S = 30.0  # how long a harness waits for another that holds the store
+
+
+# Identifiers a row carries (run, cell and environment ids, the mode, axis names and values such as GPU kinds
+# and versions): what a matrix file allows (spec.NAME), plus `!` for a version's epoch. A row from a merged
+# store or a published record is refused at its row when one is anything else: these land in pages,
+# anchors and file names.
+ROW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]*")
+# The matrix column is the matrix file's path as the run named it.
+_MATRIX_PATH = re.compile(r"[A-Za-z0-9._+@,~/ ()-]+")
+_NAMES = ("run_id", "cell_id", "env_id", "mode")
+_TEXTS = ("engine", "matrix", "inputs_hash", "status", "verdict", "excerpt", "lock_hash", "lock_file")
+_TEXTS += ("image_digest", "backend", "log_path", "started_at", "finished_at")
+_INTEGERS = ("harness_pid", "server_pid", "server_pgid")
+_HOST_TEXTS = ("hostname", "cpu", "os", "gpu_sku", "driver")
+
+
+def row_problem(values: Mapping[str, Any]) -> str | None:
+    """What makes decoded row values unfit for the store schema, or None. Only the columns present are
+    checked (a published record keeps a subset); a NULL where the report needs a name is a problem."""
+    for key in (*_NAMES, "engine", "matrix", "axes"):
+        if key in values and values[key] is None:
+            return f"{key} is empty"
+    for key in _TEXTS:
+        if values.get(key) is not None and not isinstance(values[key], str):
+            return f"{key} is {_kind(values[key])}, not text"
+    for key in _NAMES:
+        if key in values and not ROW_NAME.fullmatch(str(values[key])):
+            return f"{key} {str(values[key])[:80]!r} has characters outside letters, digits and . _ + - !"
+    if "matrix" in values and not _MATRIX_PATH.fullmatch(values["matrix"]):
+        return f"matrix {values['matrix'][:80]!r} is not a matrix file path"
+    if values.get("status") not in (None, "running", "finished"):
+        return f"status {values['status']!r} is neither running nor finished"
+    for key in _INTEGERS:
+        if values.get(key) is not None and not _is_int(values[key]):
+            return f"{key} is {_kind(values[key])}, not an integer"
+    axes = values.get("axes", {})
+    if not isinstance(axes, dict):
+        return f"axes is {_kind(axes)}, not a table"
+    for axis, value in axes.items():
+        if not ROW_NAME.fullmatch(axis) or not isinstance(value, str) or not ROW_NAME.fullmatch(value):
+            return f"axis {axis[:80]!r} = {str(value)[:80]!r} has characters outside letters, digits and . _ + - !"
+    for key in ("evidence", "argv", "redacted_flags"):
+        items = values.get(key)
+        if items is not None and (not isinstance(items, list) or not all(isinstance(i, str) for i in items)):
+            return f"{key} is {_kind(items)}, not a list of text"
+    for key in ("metrics", "crossed_pins", "host", "stages"):
+        if values.get(key) is not None and not isinstance(values[key], dict):
+            return f"{key} is {_kind(values[key])}, not a table"
+    host = values.get("host") or {}
+    for key in _HOST_TEXTS:
+        if host.get(key) is not None and not isinstance(host[key], str):
+            return f"host.{key} is {_kind(host[key])}, not text"
+    if host.get("gpus") is not None and not isinstance(host["gpus"], list):
+        return f"host.gpus is {_kind(host['gpus'])}, not a list"
+    return _metrics_problem(values.get("metrics"))
+
+
+def _metrics_problem(metrics: Mapping[str, Any] | None) -> str | None:
+    """Figures the report reads: non-negative, finite, of the right type (no absurd figure is published)."""
+    if not metrics:
+        return None
+    for key in ("completion_tokens", "error_count"):
+        if metrics.get(key) is not None and not (_is_int(metrics[key]) and metrics[key] >= 0):
+            return f"metrics.{key} is {metrics[key]!r}, not a count"
+    levels = metrics.get("levels", [])
+    if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
+        return "metrics.levels is not a list of tables"
+    for level in levels:
+        if not (_is_int(level.get("concurrency")) and level["concurrency"] > 0):
+            return f"metrics level concurrency {level.get('concurrency')!r} is not a positive integer"
+        for key in ("completion_tokens", "error_count"):
+            if level.get(key) is not None and not (_is_int(level[key]) and level[key] >= 0):
+                return f"metrics level {level['concurrency']}: {key} is {level[key]!r}, not a count"
+        for key in ("output_tok_s", "request_s"):
+            spread = level.get(key)
+            if spread is None:
+                continue
+            if not isinstance(spread, dict):
+                return f"metrics level {level['concurrency']}: {key} is {_kind(spread)}, not a table"
+            for stat, figure in spread.items():
+                if figure is not None and not (_is_number(figure) and 0 <= figure < _ABSURD):
+                    return f"metrics level {level['concurrency']}: {key}.{stat} is {figure!r}, not a rate"
+        runs = level.get("runs", [])
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            return f"metrics level {level['concurrency']}: runs is not a list of tables"
+        for run in runs:
+            figure = run.get("output_tok_s")
+            if figure is not None and not (_is_number(figure) and 0 <= figure < _ABSURD):
+                return f"metrics level {level['concurrency']}: a run's output_tok_s is {figure!r}, not a rate"
+    return None
+
+
+# No server measured here emits 10^9 tokens or requests a second: a figure at or above it is a corrupt row.
+_ABSURD = 1e9
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a table", list: "a list", str: "text", bool: "a boolean", type(None): "empty"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def row_error(where: Path | str, values: Mapping[str, Any]) -> InputError | None:
+    """An InputError naming `where` and the row when the row is unfit, else None."""
+    problem = row_problem(values)
+    if problem is None:
+        return None
+    return InputError(f"{where}: row {values.get('run_id')!s:.40}/{values.get('cell_id')!s:.40}: {problem}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,10 +446,20 @@ class Store:
     def _select(self, where: str, params: tuple[Any, ...]) -> list[Row]:
         return self._select_in(self._db, where, params)
 
-    @staticmethod
-    def _select_in(db: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Row]:
+    def _select_in(self, db: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Row]:
         cursor = db.execute(f"SELECT {', '.join(COLUMNS)} FROM cell_runs {where}", params)
-        return [Row(values=_decode(dict(zip(COLUMNS, r, strict=True)))) for r in cursor.fetchall()]
+        return [self._checked(dict(zip(COLUMNS, r, strict=True))) for r in cursor.fetchall()]
+
+    def _checked(self, stored: dict[str, Any]) -> Row:
+        """A stored row decoded; an InputError naming the store and the row when it does not fit the schema."""
+        try:
+            values = _decode(stored)
+        except ValueError as exc:
+            raise InputError(f"{self.path}: row {stored.get('run_id')}/{stored.get('cell_id')}: {exc}") from None
+        error = row_error(self.path, values)
+        if error is not None:
+            raise error
+        return Row(values=values)
 
     def merge(self, inputs: Sequence[Path]) -> list[int]:
         """Copy the rows of every input in one transaction: all of them, or (on any error) none.
@@ -359,7 +486,7 @@ class Store:
                 try:
                     picked = ", ".join(c if c in columns else "NULL" for c in COLUMNS)
                     rows = reader.execute(f"SELECT {picked} FROM cell_runs")
-                    db.executemany(upsert, (_redact_stored(dict(zip(COLUMNS, r, strict=True))) for r in rows))
+                    db.executemany(upsert, (_redact_stored(source, dict(zip(COLUMNS, r, strict=True))) for r in rows))
                 except sqlite3.DatabaseError as exc:
                     raise _store_error(source, exc) from None
                 except ValueError as exc:  # a JSON column that does not parse
@@ -489,11 +616,19 @@ def _redact_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _redact_stored(encoded: dict[str, Any]) -> tuple[Any, ...]:
-    """A row as another store holds it (JSON text), redacted, in COLUMNS order: for merges."""
+def _redact_stored(source: Path, encoded: dict[str, Any]) -> tuple[Any, ...]:
+    """A row as another store holds it (JSON text), checked against the schema and redacted, in COLUMNS
+    order: for merges."""
+    try:
+        decoded = _decode(encoded)
+    except ValueError as exc:
+        raise InputError(f"{source}: row {encoded.get('run_id')}/{encoded.get('cell_id')}: {exc}") from None
+    error = row_error(source, decoded)
+    if error is not None:
+        raise error
     if encoded["argv"] is None and not encoded["excerpt"] and encoded["evidence"] in (None, "[]"):
         return tuple(encoded[c] for c in COLUMNS)
-    redacted = _encode(_decode(encoded))
+    redacted = _encode(decoded)
     return tuple(redacted[c] for c in COLUMNS)
 
 
@@ -502,8 +637,25 @@ def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise KeyError(f"unknown store columns: {sorted(unknown)}")
     values = _redact_values(values)
-    return {k: json.dumps(v, sort_keys=True) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
+    return {
+        k: json.dumps(v, sort_keys=True, allow_nan=False) if k in JSON_COLUMNS and v is not None else v
+        for k, v in values.items()
+    }
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a row may hold")
 
 
 def _decode(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: json.loads(v) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
+    """JSON columns parsed; NaN and Infinity (which JSON does not have) are a ValueError."""
+    return {k: _parse(k, v) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
+
+
+def _parse(column: str, text: Any) -> Any:
+    if not isinstance(text, str):
+        raise ValueError(f"{column} is a stored {type(text).__name__}, not JSON text")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise ValueError(f"{column}: {exc}") from None
