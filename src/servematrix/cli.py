@@ -146,7 +146,6 @@ def _write_report(
     Everything is read and checked before anything is written."""
     from servematrix.report import publish as publishing
     from servematrix.report.regressions import published_rows
-    from servematrix.report.site import build_report
 
     out_dir, store = table.parent, store_path or DEFAULT_STORE
     record = out_dir / RECORD
@@ -170,14 +169,7 @@ def _write_report(
             merged = publishing.merge_published(published, publishing.store_rows(store), prune=prune)
             rows = list(merged.rows)
             done = merged.summary(record)
-    result = build_report(
-        rows,
-        out_dir,
-        baseline=baseline,
-        results=record,
-        write_record=publish,
-        markdown_name=table.name,
-    )
+    result = publishing.write_report(rows, out_dir, baseline=baseline, write_record=publish, markdown_name=table.name)
     written = f"{result.markdown}, {result.html}, {len(result.plots)} plot(s)"
     if publish:
         print(f"wrote {written}, {result.results}\n{done}", file=sys.stderr)

@@ -8,8 +8,13 @@ tests/fakes/, in its hostile modes.
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
+import shutil
 import sqlite3
+import subprocess
+import threading
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -215,3 +220,120 @@ def test_a_published_nan_is_refused_and_never_written(project: Path, capsys: pyt
     record.write_text(record.read_text().replace('"median": 10.0', '"median": NaN'))
     assert main(["report", "--publish", "--from-published"]) == 2
     assert "NaN" in one_error_line(capsys)
+
+
+# ------------------------------------------------------------------------ 2: deleting what it did not write
+
+
+@pytest.mark.parametrize("folder", ["plots", "failures"])
+def test_a_symlinked_output_folder_is_refused_and_its_target_untouched(
+    project: Path, capsys: pytest.CaptureFixture[str], folder: str
+):
+    brand = project / "brand"
+    brand.mkdir()
+    (brand / "brand.svg").write_text("<svg/>")
+    (brand / "runbook.md").write_text("# runbook")
+    (project / "docs").mkdir()
+    (project / "docs" / folder).symlink_to(brand)
+    store = make_store(project / "s.sqlite", values(verdict="fail:dynamo-untraceable", metrics=None))
+    assert main(["report", "--publish", "--store", str(store)]) == 2
+    assert "symbolic link" in one_error_line(capsys)
+    assert sorted(p.name for p in brand.iterdir()) == ["brand.svg", "runbook.md"]
+    assert sorted(p.name for p in (project / "docs").iterdir()) == [folder]
+
+
+def test_a_report_into_another_projects_docs_removes_none_of_its_files(project: Path):
+    docs = project / "other" / "docs"
+    for name in ("plots/logo.svg", "failures/runbook.md", "failures/index.md.bak"):
+        (docs / name).parent.mkdir(parents=True, exist_ok=True)
+        (docs / name).write_text("theirs")
+    store = make_store(project / "s.sqlite", values(verdict="fail:dynamo-untraceable", metrics=None))
+    assert main(["report", "--store", str(store), "--out", str(docs)]) == 0
+    assert (docs / "plots" / "logo.svg").read_text() == "theirs"
+    assert (docs / "failures" / "runbook.md").read_text() == "theirs"
+    assert (docs / "failures" / "dynamo-untraceable.md").is_file()
+    # A plot this tool wrote is removed once its matrix is gone; theirs stay.
+    store = make_store(project / "t.sqlite", values(cell="b"))
+    assert main(["report", "--store", str(store), "--out", str(docs)]) == 0
+    ours = sorted(p.name for p in (docs / "plots").glob("*.svg") if p.name != "logo.svg")
+    assert ours
+    store = make_store(project / "u.sqlite", values(cell="c", matrix="matrix/other.toml"))
+    assert main(["report", "--store", str(store), "--out", str(docs)]) == 0
+    assert not [name for name in ours if (docs / "plots" / name).exists()]
+    assert (docs / "plots" / "logo.svg").read_text() == "theirs"
+    assert (docs / "failures" / "runbook.md").read_text() == "theirs"
+
+
+# ------------------------------------------------------------------------ 8 and Low: all or nothing, one line
+
+
+def test_a_read_only_results_folder_leaves_every_page_as_it_was(project: Path, capsys: pytest.CaptureFixture[str]):
+    record = _publish(project)
+    docs = project / "docs"
+    before = {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()}
+    store = make_store(project / "t.sqlite", values(cell="b", verdict="fail:dynamo-untraceable", metrics=None))
+    capsys.readouterr()
+    if os.geteuid() == 0:  # root writes a read-only folder: a folder where the record goes fails as late
+        record.unlink()
+        record.mkdir()
+        before = {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()}
+        assert main(["report", "--publish", "--store", str(store)]) == 2
+    else:
+        record.parent.chmod(0o555)
+        try:
+            assert main(["report", "--publish", "--store", str(store)]) == 2
+        finally:
+            record.parent.chmod(0o755)
+    assert "nothing was written" in one_error_line(capsys)
+    assert {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()} == before
+    assert not [p for p in docs.iterdir() if p.name.startswith(".servematrix-staging")]
+
+
+@pytest.mark.parametrize("out", ["a-file", "x" * 5000])
+def test_an_out_that_is_a_file_or_too_long_is_one_line(project: Path, capsys: pytest.CaptureFixture[str], out: str):
+    (project / "a-file").write_text("mine")
+    store = make_store(project / "s.sqlite")
+    assert main(["report", "--publish", "--store", str(store), "--out", out]) == 2
+    one_error_line(capsys)
+    assert (project / "a-file").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------ 5: an index that refuses credentials
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    status = 401
+
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        self.send_response(self.status)
+        self.send_header("WWW-Authenticate", 'Basic realm="index"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_index_that_refuses_credentials_is_a_harness_error_not_unresolvable(tmp_path: Path, status: int):
+    """Real uv against a local index answering 401/403: `error` (run again next time), never `unresolvable`."""
+    from servematrix.stages.resolve import classify_failure
+
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH")
+    handler = type("Refusing", (_Refusing,), {"status": status})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        (tmp_path / "in.txt").write_text("sglang\n")
+        done = subprocess.run(
+            [uv, "pip", "compile", "--no-cache", "--python-version", "3.11", "--no-config", "in.txt",
+             "--index-url", f"http://127.0.0.1:{server.server_address[1]}/simple"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"},
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    assert done.returncode != 0
+    assert classify_failure(done.stderr)[0] == "error", done.stderr
