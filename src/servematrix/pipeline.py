@@ -580,6 +580,8 @@ class _Runner:
                 timeout_s=timeout,
                 on_started=started,
                 secret_flags=self._secret_flags,
+                public_env=spec.engine.public_env,
+                passed_env=tuple(env_vars),
             ) as server:
                 ready = server.wait_ready()
                 stage_seconds["serve"] = round(ready.seconds, 3)

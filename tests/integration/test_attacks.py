@@ -337,3 +337,34 @@ def test_an_index_that_refuses_credentials_is_a_harness_error_not_unresolvable(t
         server.shutdown()
     assert done.returncode != 0
     assert classify_failure(done.stderr)[0] == "error", done.stderr
+
+
+# ------------------------------------------------------------------------ 4: secrets in unusual variable names
+
+
+def test_values_of_unusual_variables_given_to_a_server_never_reach_its_log(tmp_path: Path):
+    """A real server process that prints its whole environment and dies: nothing the cell gave it (but public
+    variables) and no mixed letter-digit value it inherited survives in its log, where excerpts come from."""
+    import sys
+
+    from servematrix.backends import LaunchSpec
+    from servematrix.engines import Readiness, load_engine
+    from servematrix.stages.serve import Server, free_port
+
+    given = {"DB_PASS": "correct-horse-battery", "GPU_AUTH": "zz9plural", "HF_HUB_OFFLINE": "1", "HF_HOME": "/hf-home-public"}
+    inherited = {"RUNNER_SESSION": "a1b2c3d4e5f6", "GITHUB_EVENT_NAME": "schedule"}
+    code = "import os, sys; [print(f'{k}={v}') for k, v in sorted(os.environ.items())]; sys.exit(3)"
+    launch = LaunchSpec(argv=(sys.executable, "-c", code), env={**os.environ, **inherited, **given}, owns_listener=True)
+    log = tmp_path / "server.log"
+    server = Server(
+        launch, engine="transformers", port=free_port(), log_path=log, timeout_s=20,
+        readiness=Readiness(path="/health", interval_s=0.1, timeout_s=20),
+        public_env=load_engine("transformers").public_env, passed_env=tuple(given),
+    )  # fmt: skip
+    with server:
+        server.wait_ready()
+    text = log.read_text()
+    assert "DB_PASS=[REDACTED]" in text and "GPU_AUTH=[REDACTED]" in text and "RUNNER_SESSION=[REDACTED]" in text
+    for value in ("correct-horse-battery", "zz9plural", "a1b2c3d4e5f6"):
+        assert value not in text
+    assert "HF_HOME=/hf-home-public" in text and "GITHUB_EVENT_NAME=schedule" in text  # public, and a word
