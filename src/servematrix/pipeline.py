@@ -593,7 +593,7 @@ class _Runner:
                 elif self._wants("bench"):
                     self._stage(cell, "bench")
                     started_bench = time.monotonic()
-                    result, metrics = self._bench(server, model)
+                    result, metrics = self._bench(server, model, budget_s=cell.env.gpu.timeout_minutes * 60)
                     stage_seconds["bench"] = round(time.monotonic() - started_bench, 3)
                 else:
                     result = verdict.passed()
@@ -616,7 +616,7 @@ class _Runner:
             result=verdict.served(result, harness_picked_port=True), metrics=metrics, stage_seconds=stage_seconds
         )
 
-    def _bench(self, server: serve.Server, model: str) -> tuple[Verdict, dict[str, Any] | None]:
+    def _bench(self, server: serve.Server, model: str, *, budget_s: float) -> tuple[Verdict, dict[str, Any] | None]:
         file = self.plan.spec.file
         smoke = bench.smoke_check_sync(server.base_url, model, api=file.bench.api)
         doomed = server.check()
@@ -634,7 +634,8 @@ class _Runner:
                 )
             except (RuntimeError, OSError) as exc:
                 self.console.print(f"[yellow]the client's ceiling could not be measured: {exc}[/]")
-        report = bench.run_workload_sync(server.base_url, model, workload, ceiling=self._ceiling)
+        with bench.cell_budget(budget_s):  # a server that hangs mid-bench costs at most its GPU kind's job limit
+            report = bench.run_workload_sync(server.base_url, model, workload, ceiling=self._ceiling)
         metrics = report.to_dict()
         doomed = server.check()
         if doomed is not None:
