@@ -432,13 +432,17 @@ class Store:
         return self._select("WHERE status = 'running'", ())
 
     def latest(self) -> list[Row]:
-        """The newest finished row of every cell, for the report."""
-        return self._select(
-            "WHERE status = 'finished' AND rowid IN ("
-            " SELECT rowid FROM cell_runs AS c WHERE c.status = 'finished' AND c.cell_id = cell_runs.cell_id"
-            " ORDER BY c.finished_at DESC, c.rowid DESC LIMIT 1) ORDER BY env_id, mode",
-            (),
+        """The newest finished row of every cell, for the report.
+
+        One pass: rows numbered per cell, newest first (a window function, one sort), and only each cell's
+        first decoded. A subquery per row made this quadratic in a cell's history (58 s for 200k rows)."""
+        names = ", ".join(COLUMNS)
+        cursor = self._db.execute(
+            f"SELECT {names} FROM (SELECT {names}, ROW_NUMBER() OVER ("
+            " PARTITION BY cell_id ORDER BY finished_at DESC, rowid DESC) AS newest"
+            " FROM cell_runs WHERE status = 'finished') WHERE newest = 1 ORDER BY env_id, mode"
         )
+        return [self._checked(dict(zip(COLUMNS, r, strict=True))) for r in cursor.fetchall()]
 
     def all_rows(self) -> list[Row]:
         return self._select("ORDER BY started_at, rowid", ())

@@ -8,6 +8,7 @@ tests/fakes/, in its hostile modes.
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
@@ -15,6 +16,8 @@ import shutil
 import sqlite3
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,9 @@ from typing import Any
 import pytest
 
 from servematrix.cli import main
+from servematrix.stages.bench_worker import CIRCUIT_TIMEOUTS, BatchSpec, Runner
 from servematrix.store import Store
+from tests.fakes.fake_openai_server import FakeBehavior, FakeOpenAIServer
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -368,3 +373,81 @@ def test_values_of_unusual_variables_given_to_a_server_never_reach_its_log(tmp_p
     for value in ("correct-horse-battery", "zz9plural", "a1b2c3d4e5f6"):
         assert value not in text
     assert "HF_HOME=/hf-home-public" in text and "GITHUB_EVENT_NAME=schedule" in text  # public, and a word
+
+
+# ------------------------------------------------------------------------ 6, 7, 9, Low: a hostile server
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[FakeOpenAIServer]:
+    """One fake server for the module; each test sets its hostile behaviour."""
+    with FakeOpenAIServer(FakeBehavior()) as server:
+        yield server
+
+
+def _body(max_tokens: int = 8) -> bytes:
+    return json.dumps(
+        {"model": "fake", "stream": True, "max_tokens": max_tokens, "stream_options": {"include_usage": True},
+         "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()  # fmt: skip
+
+
+def _batch(server: FakeOpenAIServer, n: int, streams: int, timeout_s: float, deadline: float | None = None) -> Any:
+    spec = BatchSpec(f"{server.base_url}/v1/chat/completions", [_body()] * n, streams, "chat", timeout_s, deadline)
+    runner = Runner()
+    loop = asyncio.new_event_loop()
+    try:
+        started = time.perf_counter()
+        results, _, _ = loop.run_until_complete(runner.run(spec))
+        again, _, _ = loop.run_until_complete(runner.run(spec))  # the breaker's state outlives a batch
+        return results, again, time.perf_counter() - started
+    finally:
+        runner.close()
+        loop.close()
+
+
+@pytest.mark.parametrize(
+    "usage", ['{"completion_tokens": -1000000}', '{"completion_tokens": 1e30}', '{"completion_tokens": NaN}',
+              '{"completion_tokens": true}', '{"completion_tokens": 9000}', "[1, 2]", '"many"',
+              '{"completion_tokens": 8, "prompt_tokens": -5}'],
+)  # fmt: skip
+def test_absurd_or_malformed_usage_is_a_protocol_error_of_that_request(hostile: FakeOpenAIServer, usage: str):
+    hostile.set_behavior(FakeBehavior(usage_raw=usage))
+    results, _, _ = _batch(hostile, 4, 2, 10.0)
+    assert len(results) == 4
+    assert {r.error for r in results} == {"bad_usage"} and not any(r.ok for r in results)
+    assert all(r.completion_tokens is None for r in results)
+
+
+def test_a_sane_usage_still_counts(hostile: FakeOpenAIServer):
+    hostile.set_behavior(FakeBehavior(usage_raw='{"completion_tokens": 8, "prompt_tokens": 1}'))
+    results, _, _ = _batch(hostile, 2, 2, 10.0)
+    assert [r.completion_tokens for r in results] == [8, 8] and all(r.ok for r in results)
+
+
+def test_a_server_that_hangs_mid_stream_trips_the_breaker(hostile: FakeOpenAIServer):
+    """Endless streams: after CIRCUIT_TIMEOUTS timeouts in a row the rest is not sent; the next batch sends
+    one request. 40 requests at 0.3 s would take 6 s one by one over 2 streams."""
+    hostile.set_behavior(FakeBehavior(hang_after_chunks=2))
+    first, again, elapsed = _batch(hostile, 40, 2, 0.3)
+    assert elapsed < 3.0
+    timeouts = sum(r.error == "timeout" for r in first)
+    assert CIRCUIT_TIMEOUTS <= timeouts <= CIRCUIT_TIMEOUTS + 1  # the other stream's request was in flight
+    assert sum(r.error == "circuit_open" for r in first) == 40 - timeouts
+    assert sum(r.error == "timeout" for r in again) == 1 and len(again) == 40
+
+
+def test_the_cells_budget_bounds_every_request(hostile: FakeOpenAIServer):
+    hostile.set_behavior(FakeBehavior(hang_after_chunks=2))
+    first, again, elapsed = _batch(hostile, 4, 4, 60.0, deadline=time.perf_counter() + 0.5)
+    assert elapsed < 3.0
+    assert {r.error for r in first} <= {"timeout", "circuit_open", "budget"}
+    assert {r.error for r in again} == {"budget"}
+
+
+def test_a_100_mb_line_without_a_newline_is_cut_off(hostile: FakeOpenAIServer):
+    hostile.set_behavior(FakeBehavior(long_line_bytes=100 << 20))
+    started = time.process_time()
+    results, _, _ = _batch(hostile, 1, 1, 20.0)
+    assert results[0].error == "protocol" and "SSE line" in results[0].error_detail
+    assert time.process_time() - started < 5.0  # CPU of this process (the fake's thread included)
