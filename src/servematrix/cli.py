@@ -240,9 +240,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if missing:
         raise InputError(f"no such store(s): {', '.join(missing)}")
     # All or nothing: one transaction, every input checked before the target is touched.
-    added = merge_stores(args.out, args.inputs)
-    for source, count in zip(args.inputs, added, strict=True):
-        print(f"{source}: {count} new row(s)", file=sys.stderr)
+    kept: list[int] = []
+    added = merge_stores(args.out, args.inputs, kept)
+    for source, count, same in zip(args.inputs, added, kept, strict=True):
+        unchanged = f"; {same} row(s) the target already held finished were kept as they were" if same else ""
+        print(f"{source}: {count} new row(s){unchanged}", file=sys.stderr)
     return 0
 
 

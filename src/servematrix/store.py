@@ -146,6 +146,8 @@ def row_problem(values: Mapping[str, Any]) -> str | None:
             return f"{key} {str(values[key])[:80]!r} has characters outside letters, digits and . _ + - !"
     if "matrix" in values and not _MATRIX_PATH.fullmatch(values["matrix"]):
         return f"matrix {values['matrix'][:80]!r} is not a matrix file path"
+    if values.get("status", "finished") == "finished" and "verdict" in values and not values["verdict"]:
+        return "finished without a verdict"
     if values.get("status") not in (None, "running", "finished"):
         return f"status {values['status']!r} is neither running nor finished"
     for key in _INTEGERS:
@@ -277,10 +279,21 @@ def harness_alive(row: Row | Mapping[str, Any], hostname: str) -> bool:
 
 
 class Store:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+        """`read_only` (the report): the store is read as it is, never converted, altered or written; columns
+        an older store lacks read as NULL."""
         self.path = Path(path)
+        # After a merge, per input: its rows whose (run, cell) the target already held finished (or an earlier
+        # input brought), kept as they were.
+        self.merge_kept: list[int] = []
+        self._picked = ", ".join(COLUMNS)  # the select list: every column, NULL for those a store lacks
+        if read_only:
+            self._open_for_reading()
+            return
         if self.path.is_dir():
             raise InputError(f"{self.path}: is a directory, not a servematrix store")
+        if self.path.exists() and not self.path.is_file():  # /dev/full: SQLite would create /dev/full-journal
+            raise InputError(f"{self.path}: is a device, pipe or socket, not a servematrix store")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -297,6 +310,14 @@ class Store:
         except InputError:
             self._db.close()
             raise
+
+    def _open_for_reading(self) -> None:
+        columns = check_store_file(self.path)
+        try:
+            self._db = _open_read_only(self.path)
+        except sqlite3.Error as exc:
+            raise _store_error(self.path, exc) from None
+        self._picked = ", ".join(c if c in columns else f"NULL AS {c}" for c in COLUMNS)
 
     def _open(self) -> None:
         tables = _tables(self._db)
@@ -349,7 +370,10 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise _store_error(self.path, exc) from None
         try:
             yield self._db
         except BaseException:
@@ -438,7 +462,7 @@ class Store:
         first decoded. A subquery per row made this quadratic in a cell's history (58 s for 200k rows)."""
         names = ", ".join(COLUMNS)
         cursor = self._db.execute(
-            f"SELECT {names} FROM (SELECT {names}, ROW_NUMBER() OVER ("
+            f"SELECT {names} FROM (SELECT {self._picked}, ROW_NUMBER() OVER ("
             " PARTITION BY cell_id ORDER BY finished_at DESC, rowid DESC) AS newest"
             " FROM cell_runs WHERE status = 'finished') WHERE newest = 1 ORDER BY env_id, mode"
         )
@@ -451,7 +475,7 @@ class Store:
         return self._select_in(self._db, where, params)
 
     def _select_in(self, db: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Row]:
-        cursor = db.execute(f"SELECT {', '.join(COLUMNS)} FROM cell_runs {where}", params)
+        cursor = db.execute(f"SELECT {self._picked} FROM cell_runs {where}", params)
         return [self._checked(dict(zip(COLUMNS, r, strict=True))) for r in cursor.fetchall()]
 
     def _checked(self, stored: dict[str, Any]) -> Row:
@@ -483,14 +507,18 @@ class Store:
             " WHERE cell_runs.status = 'running' AND excluded.status = 'finished'"
         )
         added: list[int] = []
+        self.merge_kept = []
         with self._transaction() as db:
             for source, columns in checked:
                 before = db.total_changes
                 reader = _open_read_only(source)
+                read = 0
                 try:
                     picked = ", ".join(c if c in columns else "NULL" for c in COLUMNS)
                     rows = reader.execute(f"SELECT {picked} FROM cell_runs")
-                    db.executemany(upsert, (_redact_stored(source, dict(zip(COLUMNS, r, strict=True))) for r in rows))
+                    for r in rows:
+                        db.execute(upsert, _redact_stored(source, dict(zip(COLUMNS, r, strict=True))))
+                        read += 1
                 except sqlite3.DatabaseError as exc:
                     raise _store_error(source, exc) from None
                 except ValueError as exc:  # a JSON column that does not parse
@@ -498,17 +526,21 @@ class Store:
                 finally:
                     reader.close()
                 added.append(db.total_changes - before)
+                self.merge_kept.append(read - added[-1])
         return added
 
 
-def merge_stores(target: Path, inputs: Sequence[Path]) -> list[int]:
+def merge_stores(target: Path, inputs: Sequence[Path], kept: list[int] | None = None) -> list[int]:
     """`servematrix merge`: the inputs are all checked before the target is opened or created, and a
-    target this merge created is removed again if the merge fails."""
+    target this merge created is removed again if the merge fails. `kept` receives `Store.merge_kept`."""
     checked = check_merge_inputs(target, inputs)
     created = not target.exists()
     try:
         with Store(target) as store:
-            return store._merge_checked(checked)
+            added = store._merge_checked(checked)
+            if kept is not None:
+                kept[:] = store.merge_kept
+            return added
     except BaseException:
         if created:
             for leftover in (target, target.with_name(target.name + "-wal"), target.with_name(target.name + "-shm")):
@@ -540,6 +572,12 @@ def check_store_file(path: Path) -> list[str]:
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
         if missing:
             raise InputError(f"{path}: not a servematrix store (cell_runs lacks {', '.join(missing)})")
+        unknown = [c for c in columns if c not in COLUMNS]
+        if unknown:  # a newer schema: merging would drop these columns
+            raise InputError(
+                f"{path}: written by a newer servematrix (columns {', '.join(unknown[:5])} are unknown here); "
+                "merge it with that version"
+            )
         problems = [r[0] for r in reader.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
             raise InputError(f"{path}: the store is corrupt ({'; '.join(problems[:3])})")
@@ -589,6 +627,10 @@ def _store_error(path: Path, exc: sqlite3.Error) -> InputError:
         return InputError(f"{path}: the store is corrupt ({text})")
     if "readonly" in text or "read-only" in text:
         return InputError(f"{path}: the store is read-only ({text})")
+    if "locked" in text or "busy" in text:
+        return InputError(
+            f"{path}: the store is locked by another process (waited {_LOCK_WAIT_S:.0f} s); try again when it is done"
+        )
     if "unable to open" in text:
         return InputError(f"{path}: cannot open the store ({text}; is its directory read-only?)")
     return InputError(f"{path}: cannot use the store ({text})")

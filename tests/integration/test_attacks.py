@@ -451,3 +451,99 @@ def test_a_100_mb_line_without_a_newline_is_cut_off(hostile: FakeOpenAIServer):
     results, _, _ = _batch(hostile, 1, 1, 20.0)
     assert results[0].error == "protocol" and "SSE line" in results[0].error_detail
     assert time.process_time() - started < 5.0  # CPU of this process (the fake's thread included)
+
+
+# ------------------------------------------------------------------------ Low
+
+
+def test_a_device_node_is_not_a_store(project: Path, capsys: pytest.CaptureFixture[str]):
+    from servematrix.errors import InputError
+
+    with pytest.raises(InputError, match="device, pipe or socket"):
+        Store(Path("/dev/full"))
+    assert not Path("/dev/full-journal").exists()
+
+
+def test_a_store_locked_by_another_process_is_one_line(project: Path, monkeypatch: pytest.MonkeyPatch):
+    from servematrix import store as store_module
+    from servematrix.errors import InputError
+
+    path = make_store(project / "s.sqlite")
+    monkeypatch.setattr(store_module, "_LOCK_WAIT_S", 0.2)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with Store(path) as store, pytest.raises(InputError, match="locked by another process"):
+            store.record(**values(cell="b"))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_an_absolute_lock_path_is_not_published(project: Path):
+    store = make_store(project / "s.sqlite", values(lock_file="/srv/secret-host/locks/transformers/x.lock.txt"))
+    assert main(["report", "--publish", "--store", str(store)]) == 0
+    published = (project / "docs" / "results" / "latest.json").read_text()
+    assert "/srv/secret-host" not in published and "x.lock.txt" in published
+    assert "/srv/secret-host" not in (project / "docs" / "compatibility.html").read_text()
+
+
+def test_a_null_verdict_is_refused_not_published_as_none(project: Path, capsys: pytest.CaptureFixture[str]):
+    store = make_store(project / "s.sqlite")
+    tamper(store, "UPDATE cell_runs SET verdict = NULL")
+    assert main(["report", "--publish", "--store", str(store)]) == 2
+    assert "without a verdict" in one_error_line(capsys)
+
+
+def test_merge_refuses_a_newer_schema_and_says_what_it_kept(project: Path, capsys: pytest.CaptureFixture[str]):
+    newer = make_store(project / "newer.sqlite")
+    tamper(newer, "ALTER TABLE cell_runs ADD COLUMN energy_j REAL")
+    assert main(["merge", "merged.sqlite", str(newer)]) == 2
+    assert "newer servematrix" in one_error_line(capsys) and not (project / "merged.sqlite").exists()
+    first = make_store(project / "a.sqlite")
+    second = make_store(project / "b.sqlite", values(verdict="fail:dynamo-untraceable", metrics=None))
+    assert main(["merge", "merged.sqlite", str(first), str(second)]) == 0
+    err = capsys.readouterr().err
+    assert "b.sqlite: 0 new row(s); 1 row(s) the target already held finished were kept as they were" in err
+
+
+def test_report_reads_an_old_store_without_changing_it(project: Path):
+    old = project / "old.sqlite"
+    db = sqlite3.connect(old)
+    db.execute(
+        "CREATE TABLE cell_runs (run_id TEXT, cell_id TEXT, env_id TEXT, engine TEXT, mode TEXT, matrix TEXT,"
+        " axes TEXT, inputs_hash TEXT, status TEXT, verdict TEXT, started_at TEXT, finished_at TEXT)"
+    )
+    with db:
+        db.execute(
+            "INSERT INTO cell_runs VALUES ('r1', 'a', 'env-a', 'transformers', 'static', ?, ?, 'h', 'finished',"
+            " 'pass', ?, ?)",
+            (MATRIX, json.dumps(AXES), T1, T1),
+        )
+    db.close()
+    before = old.read_bytes()
+    old.chmod(0o444)
+    assert main(["report", "--store", str(old), "--out", "site"]) == 0
+    assert old.read_bytes() == before
+    assert sorted(p.name for p in project.iterdir() if p.name.startswith("old")) == ["old.sqlite"]
+
+
+def test_max_jobs_is_capped_at_what_github_takes(capsys: pytest.CaptureFixture[str]):
+    assert main(["plan", str(REPO / MATRIX), "--format", "github", "--max-jobs", "400"]) == 2
+    assert "at most 256" in one_error_line(capsys)
+
+
+def test_a_credential_in_the_slurm_launcher_is_masked_and_its_scripts_private(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: a dry run
+    out = tmp_path / "o"
+    launcher = "env HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz DB_PASS=hunter2hunter2 servematrix"
+    argv = ["submit", str(REPO / MATRIX), "--slurm", "--out", str(out), "--dry-run", "--launcher", launcher,
+            "--sbatch-arg=--export=ALL,GPU_AUTH=zz9plural"]  # fmt: skip
+    assert main(argv) == 0
+    shown = capsys.readouterr()
+    for secret in ("hf_abcdefghijklmnopqrstuvwxyz", "hunter2hunter2", "zz9plural"):
+        assert secret not in shown.out + shown.err
+    scripts = list(out.glob("*.sbatch"))
+    assert scripts and all(p.stat().st_mode & 0o077 == 0 for p in scripts)

@@ -33,7 +33,7 @@ from typing import Any
 
 from servematrix.errors import InputError
 from servematrix.report import owned
-from servematrix.report.regressions import load_export, published_rows, scrub_host_paths
+from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
 from servematrix.store import Row, Store
 from servematrix.util import DEFAULT_WORKDIR
 from servematrix.verdict import cpu_only, observed
@@ -52,7 +52,7 @@ def store_rows(path: Path) -> list[Row]:
     if path.stat().st_size == 0:
         raise InputError(f"{path}: empty file, not a store: nothing to report")
     try:
-        with Store(path) as store:
+        with Store(path, read_only=True) as store:  # reporting reads only: no WAL switch, no new columns
             rows = store.latest()
     except sqlite3.DatabaseError as exc:
         raise InputError(f"{path}: not a servematrix store ({exc})") from None
@@ -210,6 +210,11 @@ def _newer_or_same(row: Row, than: Row) -> bool:
     return mine >= theirs
 
 
+def _portable_path(path: str | None) -> str | None:
+    """A stored path as published: relative to the project when under it, else without the host's folders."""
+    return scrub_host_paths(portable_argv([path], Path.cwd().absolute())[0]) if path else path
+
+
 def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *, prune: bool = False) -> Publication:
     """The published cells with `rows` merged in: keyed by cell id, the newer finished row wins; published
     cells absent from `rows` stay unless `prune`."""
@@ -244,6 +249,7 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
                 **(row.values if isinstance(row, Row) else row),
                 "excerpt": scrub_host_paths(str(row.get("excerpt") or "")) or row.get("excerpt"),
                 "evidence": [scrub_host_paths(str(e)) for e in row.get("evidence") or []],
+                "lock_file": _portable_path(row.get("lock_file")),
             }
         )
         for row in merged.values()

@@ -94,6 +94,8 @@ def export_results(
     for row in sorted(rows, key=lambda r: (r["matrix"], r["env_id"], r["mode"])):
         entry = {key: row.get(key) for key in EXPORTED if key != "prediction" or row.get(key) is not None}
         entry["argv"] = portable_argv(row.get("argv") or [], base)
+        if row.get("lock_file"):  # an absolute --lock-dir elsewhere would name the host's folders
+            entry["lock_file"] = scrub_host_paths(portable_argv([row["lock_file"]], base)[0])
         entry["metrics"] = _trim_metrics(row.get("metrics"), base)
         entry["excerpt"] = scrub_host_paths(str(row.get("excerpt") or "")) or row.get("excerpt")
         entry["evidence"] = [scrub_host_paths(str(e)) for e in row.get("evidence") or []]
