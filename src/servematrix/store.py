@@ -126,8 +126,10 @@ ROW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]*")
 # The matrix column is the matrix file's path as the run named it.
 _MATRIX_PATH = re.compile(r"[A-Za-z0-9._+@,~/ ()-]+")
 _NAMES = ("run_id", "cell_id", "env_id", "mode")
-_TEXTS = ("engine", "matrix", "inputs_hash", "status", "verdict", "excerpt", "lock_hash", "lock_file")
-_TEXTS += ("image_digest", "backend", "log_path", "started_at", "finished_at")
+_TEXTS = (
+    *("engine", "matrix", "inputs_hash", "status", "verdict", "excerpt", "lock_hash", "lock_file"),
+    *("image_digest", "backend", "log_path", "started_at", "finished_at"),
+)
 _INTEGERS = ("harness_pid", "server_pid", "server_pgid")
 _HOST_TEXTS = ("hostname", "cpu", "os", "gpu_sku", "driver")
 

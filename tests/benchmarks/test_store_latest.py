@@ -53,8 +53,10 @@ def test_latest_on_a_long_history(tmp_path: Path, benchmark):
             latest = store.latest()
             new_s = time.perf_counter() - started
     assert len(latest) == len(old) == CELLS
-    assert {r["cell_id"]: r["run_id"] for r in latest} == {r[1]: r[0] for r in old} == {
-        f"c{cell:04d}": f"r{RUNS - 1:03d}" for cell in range(CELLS)
-    }
+    assert (
+        {r["cell_id"]: r["run_id"] for r in latest}
+        == {r[1]: r[0] for r in old}
+        == {f"c{cell:04d}": f"r{RUNS - 1:03d}" for cell in range(CELLS)}
+    )
     print(f"\nStore.latest() on {CELLS * RUNS} rows: {new_s:.3f} s; the per-row subquery: {old_s:.3f} s "
           f"({old_s / new_s:.0f}x)")  # fmt: skip

@@ -27,8 +27,8 @@ import pytest
 from servematrix.cli import main
 from servematrix.stages.bench_worker import CIRCUIT_TIMEOUTS, BatchSpec, Runner
 from servematrix.store import Store
-from tests.fakes.fake_openai_server import FakeBehavior, FakeOpenAIServer
 from tests.conftest import REPO
+from tests.fakes.fake_openai_server import FakeBehavior, FakeOpenAIServer
 
 pytestmark = pytest.mark.integration
 
@@ -309,7 +309,7 @@ def test_an_out_that_is_a_file_or_too_long_is_one_line(project: Path, capsys: py
 class _Refusing(http.server.BaseHTTPRequestHandler):
     status = 401
 
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_GET(self) -> None:
         self.send_response(self.status)
         self.send_header("WWW-Authenticate", 'Basic realm="index"')
         self.send_header("Content-Length", "0")
@@ -356,7 +356,12 @@ def test_values_of_unusual_variables_given_to_a_server_never_reach_its_log(tmp_p
     from servematrix.engines import Readiness, load_engine
     from servematrix.stages.serve import Server, free_port
 
-    given = {"DB_PASS": "correct-horse-battery", "GPU_AUTH": "zz9plural", "HF_HUB_OFFLINE": "1", "HF_HOME": "/hf-home-public"}
+    given = {
+        "DB_PASS": "correct-horse-battery",
+        "GPU_AUTH": "zz9plural",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": "/hf-home-public",
+    }
     inherited = {"RUNNER_SESSION": "a1b2c3d4e5f6", "GITHUB_EVENT_NAME": "schedule"}
     code = "import os, sys; [print(f'{k}={v}') for k, v in sorted(os.environ.items())]; sys.exit(3)"
     launch = LaunchSpec(argv=(sys.executable, "-c", code), env={**os.environ, **inherited, **given}, owns_listener=True)

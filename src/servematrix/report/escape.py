@@ -26,9 +26,7 @@ from urllib.parse import quote
 # numeric reference: Python-Markdown stashes references before attr_list looks at the text, and shows them
 # as the character itself. Allowing a short list, not refusing a known one, keeps a new extension safe.
 _SAFE = " .,:;/()+-@%?!$"
-_TEXT_SPECIALS = {
-    chr(c): f"&#{c};" for c in range(0x21, 0x7F) if not chr(c).isalnum() and chr(c) not in _SAFE
-}
+_TEXT_SPECIALS = {chr(c): f"&#{c};" for c in range(0x21, 0x7F) if not chr(c).isalnum() and chr(c) not in _SAFE}
 _CODE_SPECIALS = _TEXT_SPECIALS
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

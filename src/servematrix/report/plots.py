@@ -23,8 +23,8 @@ from matplotlib.colors import TwoSlopeNorm
 
 from servematrix.engines import load_engine
 from servematrix.report.escape import slug
-from servematrix.report.owned import own_folder, replace_owned
 from servematrix.report.markdown import NO_SPEEDUP, no_speedup, no_speedup_text, speedup
+from servematrix.report.owned import own_folder, replace_owned
 from servematrix.report.regressions import spreads
 from servematrix.report.rows import version_key
 from servematrix.store import Row

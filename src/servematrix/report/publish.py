@@ -74,7 +74,9 @@ def write_report(
         raise InputError(f"{out_dir}: is not a folder (the report is a folder of pages)")
     for name in (*_OWN_FOLDERS, RECORD.parent.as_posix()):
         if (out_dir / name).is_symlink():
-            raise InputError(f"{out_dir / name}: is a symbolic link; servematrix writes report folders only where it made them")
+            raise InputError(
+                f"{out_dir / name}: is a symbolic link; servematrix writes report folders only where it made them"
+            )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".servematrix-staging-", dir=out_dir))

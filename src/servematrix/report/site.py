@@ -30,7 +30,6 @@ from servematrix.bisection import notes as bisection_notes
 from servematrix.classify import Signature, load_signatures
 from servematrix.engines import available_engines, load_engine
 from servematrix.report import escape, markdown
-from servematrix.report.owned import own_folder, replace_owned
 from servematrix.report.markdown import (
     Extras,
     axes_text,
@@ -43,6 +42,7 @@ from servematrix.report.markdown import (
     reproduce,
     speedup,
 )
+from servematrix.report.owned import own_folder, replace_owned
 from servematrix.report.plots import Plot, write_plots
 from servematrix.report.recommend import nearest_fixes
 from servematrix.report.regressions import (

@@ -469,7 +469,11 @@ def _result(ex: _Exchange, t0: float, t_end: float, max_tokens: int | None = Non
     problem = usage_problem(usage, max_tokens)
     if problem is not None:  # counted for this request, like any protocol error
         result.ok = False
-        result.error = "missing_usage" if usage is None or (isinstance(usage, dict) and "completion_tokens" not in usage) else "bad_usage"
+        result.error = (
+            "missing_usage"
+            if usage is None or (isinstance(usage, dict) and "completion_tokens" not in usage)
+            else "bad_usage"
+        )
         result.error_detail = problem
     else:
         assert isinstance(usage, dict)
