@@ -139,7 +139,7 @@ def test_attr_list_markup_in_free_text_fields_renders_as_text(project: Path):
             verdict="fail:dynamo-untraceable",
             metrics=None,
             excerpt=f"Traceback\n{ATTR_LIST_XSS}",
-            evidence=[ATTR_LIST_XSS],
+            evidence=[ATTR_LIST_XSS, '_y_{: onclick="alert(1)" }'],
             host={"cpu": ATTR_LIST_XSS, "gpu_sku": ATTR_LIST_XSS, "driver": "1"},
         ),
     )
