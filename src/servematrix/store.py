@@ -685,10 +685,26 @@ def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise KeyError(f"unknown store columns: {sorted(unknown)}")
     values = _redact_values(values)
-    return {
-        k: json.dumps(v, sort_keys=True, allow_nan=False) if k in JSON_COLUMNS and v is not None else v
-        for k, v in values.items()
-    }
+    return {k: _json(v) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
+
+
+def _json(value: Any) -> str:
+    """JSON text, never NaN or Infinity (JSON has neither): a figure that is not finite was not measured, and
+    is stored as null."""
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), sort_keys=True, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _no_constant(name: str) -> Any:

@@ -552,3 +552,29 @@ def test_a_credential_in_the_slurm_launcher_is_masked_and_its_scripts_private(
         assert secret not in shown.out + shown.err
     scripts = list(out.glob("*.sbatch"))
     assert scripts and all(p.stat().st_mode & 0o077 == 0 for p in scripts)
+
+
+def test_an_immutable_record_leaves_every_page_as_it_was(project: Path, capsys: pytest.CaptureFixture[str]):
+    """chattr +i refuses even root, which os.access does not tell: the report is tried before it is moved."""
+    chattr = shutil.which("chattr")
+    record = _publish(project)
+    if chattr is None or subprocess.run([chattr, "+i", str(record)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem that has it)")
+    try:
+        docs = project / "docs"
+        before = {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()}
+        store = make_store(project / "t.sqlite", values(cell="b", verdict="fail:dynamo-untraceable", metrics=None))
+        capsys.readouterr()
+        assert main(["report", "--publish", "--store", str(store)]) == 2
+        assert "nothing was written" in one_error_line(capsys)
+        assert {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()} == before
+    finally:
+        subprocess.run([chattr, "-i", str(record)], check=True)
+
+
+def test_a_figure_that_is_not_finite_is_stored_as_null_not_nan(tmp_path: Path):
+    with Store(tmp_path / "s.sqlite") as store:
+        store.record(**values(metrics={**metrics(), "duration_s": float("inf"), "ttft": [float("nan"), 1.0]}))
+        stored = store._db.execute("SELECT metrics FROM cell_runs").fetchone()[0]
+        assert "NaN" not in stored and "Infinity" not in stored
+        assert store.latest()[0]["metrics"]["ttft"] == [None, 1.0]
