@@ -5,6 +5,7 @@ input, 1 on an internal fault."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -391,6 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except InputError as exc:
         print(f"servematrix: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        # A path the system refuses by its length, wherever it was first touched: one line, not a traceback.
+        print(f"servematrix: error: {str(exc.filename)[:80]}...: {exc.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("servematrix: interrupted", file=sys.stderr)

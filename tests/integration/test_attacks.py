@@ -578,3 +578,9 @@ def test_a_figure_that_is_not_finite_is_stored_as_null_not_nan(tmp_path: Path):
         stored = store._db.execute("SELECT metrics FROM cell_runs").fetchone()[0]
         assert "NaN" not in stored and "Infinity" not in stored
         assert store.latest()[0]["metrics"]["ttft"] == [None, 1.0]
+
+
+@pytest.mark.parametrize("command", [["report", "--store"], ["report", "--publish", "--store"], ["plan"], ["run"]])
+def test_a_path_of_5000_characters_is_one_line(project: Path, capsys: pytest.CaptureFixture[str], command: list[str]):
+    assert main([*command, "x" * 5000]) == 2
+    one_error_line(capsys)
