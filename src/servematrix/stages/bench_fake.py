@@ -146,6 +146,14 @@ def _response(status: int, body: dict, reason: str = "") -> bytes:
     return head.encode() + data
 
 
+async def _hang(writer: asyncio.StreamWriter) -> bool:
+    """Keep the connection open and send nothing, until the client gives up or the server stops."""
+    with contextlib.suppress(asyncio.CancelledError):  # the server stopping: not an error of the fake's
+        await asyncio.sleep(3600)
+    writer.close()
+    return False
+
+
 async def _stream(
     writer: asyncio.StreamWriter, state: _State, api: str, body: dict, entry: RequestLog, *, drop: bool
 ) -> bool:
@@ -170,7 +178,7 @@ async def _stream(
         for _ in range(b.long_line_bytes // len(piece)):
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
-        await asyncio.sleep(3600)
+        return await _hang(writer)
     if b.first_token_delay_s:
         await asyncio.sleep(b.first_token_delay_s)
     # One pre-encoded content chunk, reused: the fake must stay far cheaper than the client it measures.
@@ -196,7 +204,7 @@ async def _stream(
         if b.hang_after_chunks and i >= b.hang_after_chunks:
             writer.write(b"".join(out))
             await writer.drain()
-            await asyncio.sleep(3600)
+            return await _hang(writer)
         if drop and i >= 3:
             writer.write(b"".join(out))
             await writer.drain()
