@@ -10,13 +10,12 @@ group, so the next run can reap a server orphaned by a killed harness.
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -519,7 +518,7 @@ class _Runner:
             # The GPU run checks the CPU prediction; the report tells predictions from observations.
             confirmed = result.kind == "fail" and result.detail == prediction.detail
             evidence.append(f"predicted {prediction.detail}: {'confirmed' if confirmed else 'contradicted'}")
-        metrics = pooled_metrics([s.metrics for s in starts if s.metrics is not None])
+        metrics = bench.pool_starts([s.metrics for s in starts if s.metrics is not None])
         if metrics is not None and self._ceiling is not None:
             metrics["client_ceiling"] = self._ceiling.to_dict()
         self.store.finish(
@@ -624,33 +623,43 @@ class _Runner:
             return doomed, None
         if not smoke.ok:
             return verdict.failed("smoke", excerpt=smoke.reason), None
-        workload = self._workload()
+        workloads = self._workloads()
         if self._ceiling is None and not self._ceiling_tried:
             self._ceiling_tried = True
             self._stage_note("measuring the benchmark client's ceiling on this host (fake server)")
             try:
                 self._ceiling = bench.measure_ceiling(
-                    workload, server_cpus=self._cpu_split.server if self._cpu_split else ()
+                    workloads[-1], server_cpus=self._cpu_split.server if self._cpu_split else ()
                 )
             except (RuntimeError, OSError) as exc:
                 self.console.print(f"[yellow]the client's ceiling could not be measured: {exc}[/]")
         with bench.cell_budget(budget_s):  # a server that hangs mid-bench costs at most its GPU kind's job limit
-            report = bench.run_workload_sync(server.base_url, model, workload, ceiling=self._ceiling)
-        metrics = report.to_dict()
+            reports = [bench.run_workload_sync(server.base_url, model, w, ceiling=self._ceiling) for w in workloads]
+        # The decode profile's report is the record; another profile's is stored inside it, under its name.
+        metrics = reports[-1].to_dict()
+        metrics.update({r.workload.profile: r.to_dict() for r in reports[:-1]})
         doomed = server.check()
         if doomed is not None:
             return doomed, metrics
-        errors = report.error_count
+        errors = sum(r.error_count for r in reports)
         if errors:
             return verdict.failed("bench-errors", excerpt=f"{errors} request(s) failed"), metrics
         return verdict.passed(), metrics
 
-    def _workload(self) -> bench.Workload:
-        return bench.Workload.from_settings(
-            self.plan.spec.file.bench.model_dump(),
-            ignore_eos=self.plan.spec.engine.supports_ignore_eos,
-            client_cpus=self._cpu_split.client if self._cpu_split else (),
-        )
+    def _workloads(self) -> tuple[bench.Workload, ...]:
+        """What each served cell runs, the decode profile last: first the prefill profile, when a mode of the
+        matrix changes prefill (every cell runs it, the baseline included, so the modes can be compared)."""
+        spec = self.plan.spec
+        settings = spec.file.bench.model_dump()
+        given = {
+            "ignore_eos": spec.engine.supports_ignore_eos,
+            "client_cpus": self._cpu_split.client if self._cpu_split else (),
+        }
+        decode = bench.Workload.from_settings(settings, profile="decode", **given)
+        if not any(spec.engine.phase_of(mode) == "prefill" for mode in spec.file.axes.get("mode", ())):
+            return (decode,)
+        prefill = bench.Workload.from_settings({**settings, **settings["prefill"]}, profile="prefill", **given)
+        return (prefill, decode)
 
     def _stage_note(self, text: str) -> None:
         print(f"servematrix: {text}", file=self.console.file, flush=True)
@@ -671,38 +680,13 @@ class _Runner:
         )
 
 
-def pooled_metrics(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """One benchmark record from several server starts: each level's repeats pooled (each run keeps its
-    start), its spread over all of them; the first start's other fields."""
-    if not reports:
-        return None
-    if len(reports) == 1:
-        return reports[0]
-    pooled = copy.deepcopy(reports[0])
-    pooled["starts"] = len(reports)
-    for level in pooled.get("levels", []):
-        runs = []
-        for start, report in enumerate(reports, 1):
-            same = next((lv for lv in report.get("levels", []) if lv["concurrency"] == level["concurrency"]), None)
-            runs += [{**run, "start": start} for run in (same or {}).get("runs", [])]
-        level["runs"] = runs
-        level["output_tok_s"] = asdict(bench.Spread.of([r["output_tok_s"] for r in runs]))
-        level["request_s"] = asdict(bench.Spread.of([r["request_s"] for r in runs]))
-        level["error_count"] = sum(r.get("error_count", 0) for r in runs)
-        level["completion_tokens"] = sum(r.get("completion_tokens", 0) for r in runs)
-    pooled["error_count"] = sum(lv["error_count"] for lv in pooled.get("levels", []))
-    pooled["completion_tokens"] = sum(lv["completion_tokens"] for lv in pooled.get("levels", []))
-    pooled["client_bound"] = any(r.get("client_bound") for r in reports)
-    return pooled
-
-
 def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
     """A served cell passes only if its log proves the mode ran as asked (engine data: `mode_evidence`)."""
     rule = engine.evidence_for(cell.mode, cell.env.version)
     if rule is None:
         return verdict.passed()
     lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if log_path.is_file() else []
-    evidence = ""
+    proof: list[str] = []  # the first applied line decides (it names the backend where the release says it)
     for wanted in rule.applied:
         found = next((line for line in lines if wanted in line), None)
         if found is None:
@@ -711,7 +695,7 @@ def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
                 excerpt=f"no {wanted!r} line in the server log: {engine.name} {cell.env.version} did not run "
                 f"{cell.mode} as asked",
             )
-        evidence = f"{cell.mode} applied: {found.strip()[:300]}"
+        proof.append(found)
     for unwanted in rule.absent:
         found = next((line for line in lines if unwanted in line), None)
         if found is not None:
@@ -719,7 +703,10 @@ def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
                 "mode-not-applied",
                 excerpt=f"{cell.mode} cell, yet the server log says: {found.strip()[:300]}",
             )
-        evidence = f"{cell.mode}: no {unwanted!r} line in the server log"
+    if proof:
+        evidence = f"{cell.mode} applied: {proof[0].strip()[:300]}"
+    else:
+        evidence = f"{cell.mode}: no {' or '.join(repr(u) for u in rule.absent)} line in the server log"
     return Verdict(kind="pass", evidence=(evidence,))
 
 
