@@ -586,3 +586,14 @@ def test_a_figure_that_is_not_finite_is_stored_as_null_not_nan(tmp_path: Path):
 def test_a_path_of_5000_characters_is_one_line(project: Path, capsys: pytest.CaptureFixture[str], command: list[str]):
     assert main([*command, "x" * 5000]) == 2
     one_error_line(capsys)
+
+
+def test_a_gpu_kind_name_with_a_trailing_newline_is_refused_in_the_matrix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    text = (REPO / MATRIX).read_text()
+    assert "[gpu.cpu]" in text
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(text.replace("[gpu.cpu]", '[gpu."cpu\\n"]').replace('gpu = ["cpu"]', 'gpu = ["cpu\\n"]'))
+    assert main(["plan", str(matrix)]) == 2  # the plan took `cpu\n` as a GPU kind: `$` matches before a newline
+    assert "not a valid GPU kind name" in capsys.readouterr().err
