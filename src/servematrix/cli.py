@@ -5,6 +5,7 @@ input, 1 on an internal fault."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -146,7 +147,6 @@ def _write_report(
     Everything is read and checked before anything is written."""
     from servematrix.report import publish as publishing
     from servematrix.report.regressions import published_rows
-    from servematrix.report.site import build_report
 
     out_dir, store = table.parent, store_path or DEFAULT_STORE
     record = out_dir / RECORD
@@ -170,14 +170,7 @@ def _write_report(
             merged = publishing.merge_published(published, publishing.store_rows(store), prune=prune)
             rows = list(merged.rows)
             done = merged.summary(record)
-    result = build_report(
-        rows,
-        out_dir,
-        baseline=baseline,
-        results=record,
-        write_record=publish,
-        markdown_name=table.name,
-    )
+    result = publishing.write_report(rows, out_dir, baseline=baseline, write_record=publish, markdown_name=table.name)
     written = f"{result.markdown}, {result.html}, {len(result.plots)} plot(s)"
     if publish:
         print(f"wrote {written}, {result.results}\n{done}", file=sys.stderr)
@@ -248,9 +241,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if missing:
         raise InputError(f"no such store(s): {', '.join(missing)}")
     # All or nothing: one transaction, every input checked before the target is touched.
-    added = merge_stores(args.out, args.inputs)
-    for source, count in zip(args.inputs, added, strict=True):
-        print(f"{source}: {count} new row(s)", file=sys.stderr)
+    kept: list[int] = []
+    added = merge_stores(args.out, args.inputs, kept)
+    for source, count, same in zip(args.inputs, added, kept, strict=True):
+        unchanged = f"; {same} row(s) the target already held finished were kept as they were" if same else ""
+        print(f"{source}: {count} new row(s){unchanged}", file=sys.stderr)
     return 0
 
 
@@ -397,6 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except InputError as exc:
         print(f"servematrix: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        # A path the system refuses by its length, wherever it was first touched: one line, not a traceback.
+        print(f"servematrix: error: {str(exc.filename)[:80]}...: {exc.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("servematrix: interrupted", file=sys.stderr)

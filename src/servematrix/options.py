@@ -71,6 +71,13 @@ def at_least_one(name: str, value: int | None) -> int | None:
     return value
 
 
+def github_jobs(name: str, value: int | None) -> int | None:
+    """At least one job, and no more than a GitHub workflow run takes."""
+    if value is not None and value > GITHUB_MAX_JOBS:
+        raise InputError(f"{name} must be at most {GITHUB_MAX_JOBS}: a workflow run takes no more jobs")
+    return at_least_one(name, value)
+
+
 def command_words(name: str, text: str | None) -> tuple[str, ...] | None:
     """A command line as the shell splits it: `srun --container-image=X servematrix` -> its words."""
     if text is None:
@@ -327,7 +334,7 @@ OPTIONS: tuple[Option, ...] = (
         default=GITHUB_MAX_JOBS,
         metavar="N",
         help=f"github format: group cells into at most this many jobs (a workflow run takes {GITHUB_MAX_JOBS})",
-        check=at_least_one,
+        check=github_jobs,
         commands=("plan",),
     ),
     # --- run (and what submit passes to every task's run)

@@ -658,6 +658,8 @@ class _Runner:
                 timeout_s=timeout,
                 on_started=started,
                 secret_flags=self._secret_flags,
+                public_env=spec.engine.public_env,
+                passed_env=tuple(env_vars),
             ) as server:
                 ready = server.wait_ready()
                 stage_seconds["serve"] = round(ready.seconds, 3)
@@ -669,7 +671,7 @@ class _Runner:
                 elif self._wants("bench"):
                     self._stage(cell, "bench")
                     started_bench = time.monotonic()
-                    result, metrics = self._bench(server, model)
+                    result, metrics = self._bench(server, model, budget_s=cell.env.gpu.timeout_minutes * 60)
                     stage_seconds["bench"] = round(time.monotonic() - started_bench, 3)
                 else:
                     result = verdict.passed()
@@ -684,7 +686,7 @@ class _Runner:
             result=verdict.served(result, harness_picked_port=True), metrics=metrics, stage_seconds=stage_seconds
         )
 
-    def _bench(self, server: serve.Server, model: str) -> tuple[Verdict, dict[str, Any] | None]:
+    def _bench(self, server: serve.Server, model: str, *, budget_s: float) -> tuple[Verdict, dict[str, Any] | None]:
         file = self.plan.spec.file
         smoke = bench.smoke_check_sync(server.base_url, model, api=file.bench.api)
         doomed = server.check()
@@ -702,7 +704,8 @@ class _Runner:
                 )
             except (RuntimeError, OSError) as exc:
                 self.console.print(f"[yellow]the client's ceiling could not be measured: {exc}[/]")
-        reports = [bench.run_workload_sync(server.base_url, model, w, ceiling=self._ceiling) for w in workloads]
+        with bench.cell_budget(budget_s):  # a server that hangs mid-bench costs at most its GPU kind's job limit
+            reports = [bench.run_workload_sync(server.base_url, model, w, ceiling=self._ceiling) for w in workloads]
         # The decode profile's report is the record; another profile's is stored inside it, under its name.
         metrics = reports[-1].to_dict()
         metrics.update({r.workload.profile: r.to_dict() for r in reports[:-1]})

@@ -96,6 +96,51 @@ def secret_env_values(env: Mapping[str, str]) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
+# Variables every process environment has that carry no secret: settings and paths a log shows to explain
+# a failure. Together with an engine's `public_env` (engine data), they are the only variables given to a
+# server whose values are not masked by value in what it prints.
+PUBLIC_PROCESS_ENV = frozenset(
+    {
+        "PATH", "HOME", "PWD", "OLDPWD", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "TZ",
+        "TMPDIR", "HOSTNAME", "SHLVL", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
+        "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NO_COLOR", "COLUMNS", "LINES", "_",
+    }
+)  # fmt: skip
+_PUBLIC_PROCESS_PREFIXES = ("LC_", "XDG_")
+
+
+def launch_secret_values(
+    env: Mapping[str, str], passed: Collection[str] = (), public: Collection[str] = ()
+) -> list[str]:
+    """Every value the server is given that could be a secret, whatever its variable is called (`DB_PASS`,
+    `GPU_AUTH`), but those of public variables and values that cannot hide one (short, a number, a boolean,
+    folders of this host). A variable the harness sets itself (`passed`: the matrix's, the GPU kind's, the
+    engine's) is masked whatever its value looks like; one the server inherits from the harness only when
+    its value mixes letters and digits (a CI runner's `GITHUB_EVENT_NAME=schedule` must not mask every
+    "scheduler" in a log). A secret-looking name is secret even when listed as public."""
+    values = set(secret_env_values(env))
+    for name, value in env.items():
+        if name in public or name in PUBLIC_PROCESS_ENV or name.startswith(_PUBLIC_PROCESS_PREFIXES):
+            continue
+        if not _looks_secret(value) or _host_paths(value):
+            continue
+        if name in passed or _INHERITED_SECRET.fullmatch(value):
+            values.add(value)
+    return sorted(values, key=len, reverse=True)
+
+
+# An inherited value masked by value: one token of 8 or more characters with a letter and a digit, not a
+# version (`12.4.1`, `3.11`).
+_INHERITED_SECRET = re.compile(r"(?=[^\s]*[A-Za-z])(?=[^\s]*\d)(?![\d.]+$)\S{8,}")
+
+
+def _host_paths(value: str) -> bool:
+    """Whether `value` is folders or files of this host (a path list included): a log names them, and masking
+    them would shred every traceback."""
+    parts = [p for p in value.split(os.pathsep) if p]
+    return bool(parts) and all(os.path.isabs(p) and os.path.exists(p) for p in parts)
+
+
 def _looks_secret(value: str) -> bool:
     if value == REDACTED or value.startswith("[REDACTED"):
         return False
@@ -314,9 +359,18 @@ class Redactor:
         self._flags = _flag_pattern(frozenset(flags)) if flags else None
 
     @classmethod
-    def for_launch(cls, argv: Sequence[str], env: Mapping[str, str], flags: Collection[str]) -> Redactor:
-        """The launch environment's secret values, and the values of argv's secret flags."""
-        values = []
+    def for_launch(
+        cls,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        flags: Collection[str],
+        *,
+        passed: Collection[str] = (),
+        public_env: Collection[str] = (),
+    ) -> Redactor:
+        """The values of the variables given to the server (`launch_secret_values`; `passed` names those the
+        harness sets), and the values of argv's secret flags."""
+        values = launch_secret_values(env, passed, public_env)
         for index in range(len(argv)):
             name, value, _ = _value_at(argv, index)
             if value is not None and _is_secret(name, value, flags):

@@ -17,6 +17,7 @@ task are run's own declarations) and cli.cmd_submit calls `submit`.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import subprocess
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from servematrix import redact
 from servematrix.errors import InputError
 from servematrix.plan import GITHUB_MAX_JOBS, github_matrix, make_plan
 from servematrix.stages import STAGES
@@ -135,7 +137,7 @@ def prepare(options: SubmitOptions) -> Submission:
         name = _file_safe(gpu)
         tasks = len(mine)
         script = options.out_dir / f"array-{name}.sbatch"
-        script.write_text(_array_script(options, gpu, name, tasks, kind.count, kind.timeout_minutes))
+        _write_private(script, _array_script(options, gpu, name, tasks, kind.count, kind.timeout_minutes))
         arrays.append(
             ArrayJob(
                 gpu=gpu,
@@ -148,7 +150,7 @@ def prepare(options: SubmitOptions) -> Submission:
             )
         )
     merge_script = options.out_dir / "merge.sbatch"
-    merge_script.write_text(_merge_script(options, [s for a in arrays for s in a.stores]))
+    _write_private(merge_script, _merge_script(options, [s for a in arrays for s in a.stores]))
     return Submission(options=options, arrays=tuple(arrays), merge_script=merge_script)
 
 
@@ -162,12 +164,12 @@ def submit(
     arrays: list[ArrayJob] = []
     for array in prepared.arrays:
         command = (sbatch, "--parsable", *extra, str(array.script))
-        commands.append(command)
+        commands.append(_shown(command, options))
         job_id = None if dry_run else _sbatch(command, runner)
         arrays.append(replace(array, job_id=job_id))
     dependency = ":".join(a.job_id or f"<{a.gpu} array id>" for a in arrays)
     merge = (sbatch, "--parsable", f"--dependency=afterany:{dependency}", *extra, str(prepared.merge_script))
-    commands.append(merge)
+    commands.append(_shown(merge, options))
     merge_id = None if dry_run else _sbatch(merge, runner)
     return Submission(
         options=options,
@@ -202,6 +204,26 @@ def job_state(job_id: str, runner: Runner = subprocess.run) -> str | None:
     done = runner(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False)
     match = re.search(r"\bJobState=(\S+)", done.stdout) if done.returncode == 0 else None
     return match.group(1) if match else None
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A script only its owner reads: the launcher (`env HF_TOKEN=...`) may carry a credential, which sbatch
+    needs in the script."""
+    path.unlink(missing_ok=True)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+# `NAME=VALUE` words (env's, --export's) in the launcher and the sbatch arguments: their values are masked
+# by value wherever a command is shown.
+def _shown(command: Sequence[str], options: SubmitOptions) -> tuple[str, ...]:
+    """`command` as printed (the dry run): secrets of the launcher and of the sbatch arguments masked."""
+    values = [
+        value
+        for word in (*options.launcher, *options.sbatch_args)
+        for value in re.findall(r"[A-Za-z_][A-Za-z0-9_]*=([^,\s]+)", word)
+    ]
+    return tuple(redact.redact(word, env={}, values=values) for word in command)
 
 
 def _sbatch(command: Sequence[str], runner: Runner) -> str:

@@ -32,7 +32,7 @@ SHELL_METACHARACTERS = re.compile(r"[;&|$`<>\\\n\r]|\$\(")
 RULE_OPERATORS = ("==", "!=", ">=", "<=", "~=", ">", "<")
 # Names end up in file names, CI job names, HTML and Markdown: keep them to characters that need no
 # quoting or escaping anywhere.
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\Z")  # \Z: `$` would let a trailing newline through
 NAME_RULE = "letters, digits and . _ + -, starting with a letter or digit"
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import sqlite3
@@ -117,6 +118,126 @@ _OWNER_START_SLACK_S = 2.0
 _LOCK_WAIT_S = 30.0  # how long a harness waits for another that holds the store
 
 
+# Identifiers a row carries (run, cell and environment ids, the mode, axis names and values such as GPU kinds
+# and versions): what a matrix file allows (spec.NAME), plus `!` for a version's epoch. A row from a merged
+# store or a published record is refused at its row when one is anything else: these land in pages,
+# anchors and file names.
+ROW_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]*")
+# The matrix column is the matrix file's path as the run named it.
+_MATRIX_PATH = re.compile(r"[A-Za-z0-9._+@,~/ ()-]+")
+_NAMES = ("run_id", "cell_id", "env_id", "mode")
+_TEXTS = (
+    *("engine", "matrix", "inputs_hash", "status", "verdict", "excerpt", "lock_hash", "lock_file"),
+    *("image_digest", "backend", "log_path", "started_at", "finished_at"),
+)
+_INTEGERS = ("harness_pid", "server_pid", "server_pgid")
+_HOST_TEXTS = ("hostname", "cpu", "os", "gpu_sku", "driver")
+
+
+def row_problem(values: Mapping[str, Any]) -> str | None:
+    """What makes decoded row values unfit for the store schema, or None. Only the columns present are
+    checked (a published record keeps a subset); a NULL where the report needs a name is a problem."""
+    for key in (*_NAMES, "engine", "matrix", "axes"):
+        if key in values and values[key] is None:
+            return f"{key} is empty"
+    for key in _TEXTS:
+        if values.get(key) is not None and not isinstance(values[key], str):
+            return f"{key} is {_kind(values[key])}, not text"
+    for key in _NAMES:
+        if key in values and not ROW_NAME.fullmatch(str(values[key])):
+            return f"{key} {str(values[key])[:80]!r} has characters outside letters, digits and . _ + - !"
+    if "matrix" in values and not _MATRIX_PATH.fullmatch(values["matrix"]):
+        return f"matrix {values['matrix'][:80]!r} is not a matrix file path"
+    if values.get("status", "finished") == "finished" and "verdict" in values and not values["verdict"]:
+        return "finished without a verdict"
+    if values.get("status") not in (None, "running", "finished"):
+        return f"status {values['status']!r} is neither running nor finished"
+    for key in _INTEGERS:
+        if values.get(key) is not None and not _is_int(values[key]):
+            return f"{key} is {_kind(values[key])}, not an integer"
+    axes = values.get("axes", {})
+    if not isinstance(axes, dict):
+        return f"axes is {_kind(axes)}, not a table"
+    for axis, value in axes.items():
+        if not ROW_NAME.fullmatch(axis) or not isinstance(value, str) or not ROW_NAME.fullmatch(value):
+            return f"axis {axis[:80]!r} = {str(value)[:80]!r} has characters outside letters, digits and . _ + - !"
+    for key in ("evidence", "argv", "redacted_flags"):
+        items = values.get(key)
+        if items is not None and (not isinstance(items, list) or not all(isinstance(i, str) for i in items)):
+            return f"{key} is {_kind(items)}, not a list of text"
+    for key in ("metrics", "crossed_pins", "host", "stages"):
+        if values.get(key) is not None and not isinstance(values[key], dict):
+            return f"{key} is {_kind(values[key])}, not a table"
+    host = values.get("host") or {}
+    for key in _HOST_TEXTS:
+        if host.get(key) is not None and not isinstance(host[key], str):
+            return f"host.{key} is {_kind(host[key])}, not text"
+    if host.get("gpus") is not None and not isinstance(host["gpus"], list):
+        return f"host.gpus is {_kind(host['gpus'])}, not a list"
+    return _metrics_problem(values.get("metrics"))
+
+
+def _metrics_problem(metrics: Mapping[str, Any] | None) -> str | None:
+    """Figures the report reads: non-negative, finite, of the right type (no absurd figure is published)."""
+    if not metrics:
+        return None
+    for key in ("completion_tokens", "error_count"):
+        if metrics.get(key) is not None and not (_is_int(metrics[key]) and metrics[key] >= 0):
+            return f"metrics.{key} is {metrics[key]!r}, not a count"
+    levels = metrics.get("levels", [])
+    if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
+        return "metrics.levels is not a list of tables"
+    for level in levels:
+        if not (_is_int(level.get("concurrency")) and level["concurrency"] > 0):
+            return f"metrics level concurrency {level.get('concurrency')!r} is not a positive integer"
+        for key in ("completion_tokens", "error_count"):
+            if level.get(key) is not None and not (_is_int(level[key]) and level[key] >= 0):
+                return f"metrics level {level['concurrency']}: {key} is {level[key]!r}, not a count"
+        for key in ("output_tok_s", "request_s"):
+            spread = level.get(key)
+            if spread is None:
+                continue
+            if not isinstance(spread, dict):
+                return f"metrics level {level['concurrency']}: {key} is {_kind(spread)}, not a table"
+            for stat, figure in spread.items():
+                if figure is not None and not (_is_number(figure) and 0 <= figure < _ABSURD):
+                    return f"metrics level {level['concurrency']}: {key}.{stat} is {figure!r}, not a rate"
+        runs = level.get("runs", [])
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            return f"metrics level {level['concurrency']}: runs is not a list of tables"
+        for run in runs:
+            figure = run.get("output_tok_s")
+            if figure is not None and not (_is_number(figure) and 0 <= figure < _ABSURD):
+                return f"metrics level {level['concurrency']}: a run's output_tok_s is {figure!r}, not a rate"
+    return None
+
+
+# No server measured here emits 10^9 tokens or requests a second: a figure at or above it is a corrupt row.
+_ABSURD = 1e9
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a table", list: "a list", str: "text", bool: "a boolean", type(None): "empty"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def row_error(where: Path | str, values: Mapping[str, Any]) -> InputError | None:
+    """An InputError naming `where` and the row when the row is unfit, else None."""
+    problem = row_problem(values)
+    if problem is None:
+        return None
+    return InputError(f"{where}: row {values.get('run_id')!s:.40}/{values.get('cell_id')!s:.40}: {problem}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Row:
     values: Mapping[str, Any]
@@ -160,10 +281,21 @@ def harness_alive(row: Row | Mapping[str, Any], hostname: str) -> bool:
 
 
 class Store:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
+        """`read_only` (the report): the store is read as it is, never converted, altered or written; columns
+        an older store lacks read as NULL."""
         self.path = Path(path)
+        # After a merge, per input: its rows whose (run, cell) the target already held finished (or an earlier
+        # input brought), kept as they were.
+        self.merge_kept: list[int] = []
+        self._picked = ", ".join(COLUMNS)  # the select list: every column, NULL for those a store lacks
+        if read_only:
+            self._open_for_reading()
+            return
         if self.path.is_dir():
             raise InputError(f"{self.path}: is a directory, not a servematrix store")
+        if self.path.exists() and not self.path.is_file():  # /dev/full: SQLite would create /dev/full-journal
+            raise InputError(f"{self.path}: is a device, pipe or socket, not a servematrix store")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -180,6 +312,14 @@ class Store:
         except InputError:
             self._db.close()
             raise
+
+    def _open_for_reading(self) -> None:
+        columns = check_store_file(self.path)
+        try:
+            self._db = _open_read_only(self.path)
+        except sqlite3.Error as exc:
+            raise _store_error(self.path, exc) from None
+        self._picked = ", ".join(c if c in columns else f"NULL AS {c}" for c in COLUMNS)
 
     def _open(self) -> None:
         tables = _tables(self._db)
@@ -232,7 +372,10 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise _store_error(self.path, exc) from None
         try:
             yield self._db
         except BaseException:
@@ -315,13 +458,17 @@ class Store:
         return self._select("WHERE status = 'running'", ())
 
     def latest(self) -> list[Row]:
-        """The newest finished row of every cell, for the report."""
-        return self._select(
-            "WHERE status = 'finished' AND rowid IN ("
-            " SELECT rowid FROM cell_runs AS c WHERE c.status = 'finished' AND c.cell_id = cell_runs.cell_id"
-            " ORDER BY c.finished_at DESC, c.rowid DESC LIMIT 1) ORDER BY env_id, mode",
-            (),
+        """The newest finished row of every cell, for the report.
+
+        One pass: rows numbered per cell, newest first (a window function, one sort), and only each cell's
+        first decoded. A subquery per row made this quadratic in a cell's history (58 s for 200k rows)."""
+        names = ", ".join(COLUMNS)
+        cursor = self._db.execute(
+            f"SELECT {names} FROM (SELECT {self._picked}, ROW_NUMBER() OVER ("
+            " PARTITION BY cell_id ORDER BY finished_at DESC, rowid DESC) AS newest"
+            " FROM cell_runs WHERE status = 'finished') WHERE newest = 1 ORDER BY env_id, mode"
         )
+        return [self._checked(dict(zip(COLUMNS, r, strict=True))) for r in cursor.fetchall()]
 
     def all_rows(self) -> list[Row]:
         return self._select("ORDER BY started_at, rowid", ())
@@ -329,10 +476,20 @@ class Store:
     def _select(self, where: str, params: tuple[Any, ...]) -> list[Row]:
         return self._select_in(self._db, where, params)
 
-    @staticmethod
-    def _select_in(db: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Row]:
-        cursor = db.execute(f"SELECT {', '.join(COLUMNS)} FROM cell_runs {where}", params)
-        return [Row(values=_decode(dict(zip(COLUMNS, r, strict=True)))) for r in cursor.fetchall()]
+    def _select_in(self, db: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Row]:
+        cursor = db.execute(f"SELECT {self._picked} FROM cell_runs {where}", params)
+        return [self._checked(dict(zip(COLUMNS, r, strict=True))) for r in cursor.fetchall()]
+
+    def _checked(self, stored: dict[str, Any]) -> Row:
+        """A stored row decoded; an InputError naming the store and the row when it does not fit the schema."""
+        try:
+            values = _decode(stored)
+        except ValueError as exc:
+            raise InputError(f"{self.path}: row {stored.get('run_id')}/{stored.get('cell_id')}: {exc}") from None
+        error = row_error(self.path, values)
+        if error is not None:
+            raise error
+        return Row(values=values)
 
     def merge(self, inputs: Sequence[Path]) -> list[int]:
         """Copy the rows of every input in one transaction: all of them, or (on any error) none.
@@ -352,14 +509,18 @@ class Store:
             " WHERE cell_runs.status = 'running' AND excluded.status = 'finished'"
         )
         added: list[int] = []
+        self.merge_kept = []
         with self._transaction() as db:
             for source, columns in checked:
                 before = db.total_changes
                 reader = _open_read_only(source)
+                read = 0
                 try:
                     picked = ", ".join(c if c in columns else "NULL" for c in COLUMNS)
                     rows = reader.execute(f"SELECT {picked} FROM cell_runs")
-                    db.executemany(upsert, (_redact_stored(dict(zip(COLUMNS, r, strict=True))) for r in rows))
+                    for r in rows:
+                        db.execute(upsert, _redact_stored(source, dict(zip(COLUMNS, r, strict=True))))
+                        read += 1
                 except sqlite3.DatabaseError as exc:
                     raise _store_error(source, exc) from None
                 except ValueError as exc:  # a JSON column that does not parse
@@ -367,17 +528,21 @@ class Store:
                 finally:
                     reader.close()
                 added.append(db.total_changes - before)
+                self.merge_kept.append(read - added[-1])
         return added
 
 
-def merge_stores(target: Path, inputs: Sequence[Path]) -> list[int]:
+def merge_stores(target: Path, inputs: Sequence[Path], kept: list[int] | None = None) -> list[int]:
     """`servematrix merge`: the inputs are all checked before the target is opened or created, and a
-    target this merge created is removed again if the merge fails."""
+    target this merge created is removed again if the merge fails. `kept` receives `Store.merge_kept`."""
     checked = check_merge_inputs(target, inputs)
     created = not target.exists()
     try:
         with Store(target) as store:
-            return store._merge_checked(checked)
+            added = store._merge_checked(checked)
+            if kept is not None:
+                kept[:] = store.merge_kept
+            return added
     except BaseException:
         if created:
             for leftover in (target, target.with_name(target.name + "-wal"), target.with_name(target.name + "-shm")):
@@ -409,6 +574,12 @@ def check_store_file(path: Path) -> list[str]:
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
         if missing:
             raise InputError(f"{path}: not a servematrix store (cell_runs lacks {', '.join(missing)})")
+        unknown = [c for c in columns if c not in COLUMNS]
+        if unknown:  # a newer schema: merging would drop these columns
+            raise InputError(
+                f"{path}: written by a newer servematrix (columns {', '.join(unknown[:5])} are unknown here); "
+                "merge it with that version"
+            )
         problems = [r[0] for r in reader.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
             raise InputError(f"{path}: the store is corrupt ({'; '.join(problems[:3])})")
@@ -458,6 +629,10 @@ def _store_error(path: Path, exc: sqlite3.Error) -> InputError:
         return InputError(f"{path}: the store is corrupt ({text})")
     if "readonly" in text or "read-only" in text:
         return InputError(f"{path}: the store is read-only ({text})")
+    if "locked" in text or "busy" in text:
+        return InputError(
+            f"{path}: the store is locked by another process (waited {_LOCK_WAIT_S:.0f} s); try again when it is done"
+        )
     if "unable to open" in text:
         return InputError(f"{path}: cannot open the store ({text}; is its directory read-only?)")
     return InputError(f"{path}: cannot use the store ({text})")
@@ -489,11 +664,19 @@ def _redact_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _redact_stored(encoded: dict[str, Any]) -> tuple[Any, ...]:
-    """A row as another store holds it (JSON text), redacted, in COLUMNS order: for merges."""
+def _redact_stored(source: Path, encoded: dict[str, Any]) -> tuple[Any, ...]:
+    """A row as another store holds it (JSON text), checked against the schema and redacted, in COLUMNS
+    order: for merges."""
+    try:
+        decoded = _decode(encoded)
+    except ValueError as exc:
+        raise InputError(f"{source}: row {encoded.get('run_id')}/{encoded.get('cell_id')}: {exc}") from None
+    error = row_error(source, decoded)
+    if error is not None:
+        raise error
     if encoded["argv"] is None and not encoded["excerpt"] and encoded["evidence"] in (None, "[]"):
         return tuple(encoded[c] for c in COLUMNS)
-    redacted = _encode(_decode(encoded))
+    redacted = _encode(decoded)
     return tuple(redacted[c] for c in COLUMNS)
 
 
@@ -502,8 +685,41 @@ def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise KeyError(f"unknown store columns: {sorted(unknown)}")
     values = _redact_values(values)
-    return {k: json.dumps(v, sort_keys=True) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
+    return {k: _json(v) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
+
+
+def _json(value: Any) -> str:
+    """JSON text, never NaN or Infinity (JSON has neither): a figure that is not finite was not measured, and
+    is stored as null."""
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), sort_keys=True, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a row may hold")
 
 
 def _decode(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: json.loads(v) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
+    """JSON columns parsed; NaN and Infinity (which JSON does not have) are a ValueError."""
+    return {k: _parse(k, v) if k in JSON_COLUMNS and v is not None else v for k, v in values.items()}
+
+
+def _parse(column: str, text: Any) -> Any:
+    if not isinstance(text, str):
+        raise ValueError(f"{column} is a stored {type(text).__name__}, not JSON text")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise ValueError(f"{column}: {exc}") from None

@@ -164,6 +164,9 @@ class Engine(DataTable):
     mode_evidence: tuple[ModeEvidence, ...] = ()
     # Flags whose value is a credential: masked as `***` in every stored, printed or published argv.
     secret_flags: tuple[str, ...] = ()
+    # Variables given to the server whose values are not secret: shown in its log as they are. The values of
+    # all others are masked wherever the log goes (`redact.launch_secret_values`).
+    public_env: tuple[str, ...] = ()
     # The report heatmap's second axis, the one whose choice decides the second mode's fate (for sglang the
     # flashinfer version, not torch); default: the second version axis.
     heatmap_axis: str = ""

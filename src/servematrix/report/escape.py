@@ -19,11 +19,16 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
-# Characters that open markup (<, >, &, [ ] for links and images, \ and ` for escapes and code) or end a
-# table cell (|). Emphasis characters are left alone: they change how a field looks, never what it does.
-_TEXT_SPECIALS = {c: f"&#{ord(c)};" for c in "&<>|[]\\`"}
-# Inside an HTML <code> element Markdown still applies, so emphasis characters are written as references too.
-_CODE_SPECIALS = {**_TEXT_SPECIALS, **{c: f"&#{ord(c)};" for c in "*_"}}
+# The renderer is mkdocs with the extensions in mkdocs.yml. Characters that open markup there: < > & (HTML,
+# which md_in_html also reads), [ ] (links, images), \ and ` (escapes, code), | (ends a table cell), * ~
+# (emphasis, which attr_list can then give attributes), { } = " ' (attr_list's `{: onmouseover="..."}`
+# and toc's `{#id}`), # (headings). `_` stays: it is in every path and name, Python-Markdown emphasises
+# it only between word boundaries, and with `{` escaped no attribute can follow it. Every ASCII character outside letters, digits and `_SAFE` is written as a
+# numeric reference: Python-Markdown stashes references before attr_list looks at the text, and shows them
+# as the character itself. Allowing a short list, not refusing a known one, keeps a new extension safe.
+_SAFE = " .,:;/()+-@%?!$_"
+_TEXT_SPECIALS = {chr(c): f"&#{c};" for c in range(0x21, 0x7F) if not chr(c).isalnum() and chr(c) not in _SAFE}
+_CODE_SPECIALS = _TEXT_SPECIALS
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

@@ -24,6 +24,7 @@ from matplotlib.colors import TwoSlopeNorm
 from servematrix.engines import Engine, load_engine
 from servematrix.report.escape import slug
 from servematrix.report.markdown import NO_SPEEDUP, headline_heading, no_speedup, no_speedup_text
+from servematrix.report.owned import own_folder, replace_owned
 from servematrix.report.regressions import spreads
 from servematrix.report.rows import comparison, version_key
 from servematrix.store import Row
@@ -80,15 +81,12 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
     for row in rows:
         by_matrix.setdefault(row["matrix"], []).append(row)
     plots: list[Plot] = []
-    out_dir.mkdir(parents=True, exist_ok=True)
+    own_folder(out_dir)
     for matrix, group in by_matrix.items():
         for plot in (throughput_plot(matrix, group, out_dir), *speedup_heatmaps(matrix, group, out_dir)):
             if plot is not None:
                 plots.append(plot)
-    keep = {p.path.name for p in plots}
-    for stale in out_dir.glob("*.svg"):
-        if stale.name not in keep:
-            stale.unlink()
+    replace_owned(out_dir, (p.path.name for p in plots))  # only plots an earlier report wrote are removed
     return plots
 
 

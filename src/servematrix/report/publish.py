@@ -10,11 +10,21 @@
 
 A store that is missing, empty or holds no finished row is an input error, never an empty report: a lost
 CI artifact must not wipe the published results, nor pass a regression gate.
+
+Either way the report is written whole or not at all (`write_report`): it is built in a staging folder
+inside the output folder, every destination is tried for writing, and only then are the files moved into
+place. A folder that is read-only or immutable, or a path the system refuses, is one line and exit 2.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import os
+import shutil
 import sqlite3
+import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.errors import InputError
-from servematrix.report.regressions import load_export, published_rows, scrub_host_paths
+from servematrix.report import owned
+from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
 from servematrix.store import Row, Store
 from servematrix.util import DEFAULT_WORKDIR
 from servematrix.verdict import cpu_only, observed
@@ -41,7 +52,7 @@ def store_rows(path: Path) -> list[Row]:
     if path.stat().st_size == 0:
         raise InputError(f"{path}: empty file, not a store: nothing to report")
     try:
-        with Store(path) as store:
+        with Store(path, read_only=True) as store:  # reporting reads only: no WAL switch, no new columns
             rows = store.latest()
     except sqlite3.DatabaseError as exc:
         raise InputError(f"{path}: not a servematrix store ({exc})") from None
@@ -50,12 +61,99 @@ def store_rows(path: Path) -> list[Row]:
     return rows
 
 
+_OWN_FOLDERS = ("plots", "failures")
+
+
+def write_report(
+    rows: Sequence[Row], out_dir: Path, *, baseline: Path | None, write_record: bool, markdown_name: str
+) -> Any:
+    """`site.build_report` into `out_dir`, all of it or nothing: built in a staging folder, then moved."""
+    from servematrix.report.site import build_report
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: is not a folder (the report is a folder of pages)")
+    for name in (*_OWN_FOLDERS, RECORD.parent.as_posix()):
+        if (out_dir / name).is_symlink():
+            raise InputError(
+                f"{out_dir / name}: is a symbolic link; servematrix writes report folders only where it made them"
+            )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".servematrix-staging-", dir=out_dir))
+    except OSError as exc:
+        raise InputError(f"{out_dir}: cannot write the report there ({exc.strerror}); nothing was written") from None
+    try:
+        result = build_report(
+            rows,
+            staging,
+            baseline=baseline,
+            results=staging / RECORD,
+            write_record=write_record,
+            markdown_name=markdown_name,
+            shown_from=out_dir,
+        )
+        files = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file() and p.name != owned.MANIFEST)
+        for folder in sorted({out_dir / f.parent for f in files}):
+            _check_writable(folder, [out_dir / f for f in files if out_dir / f.parent == folder])
+        moved = 0
+        try:
+            for relative in files:
+                os.replace(staging / relative, out_dir / relative)
+                moved += 1
+            for name in _OWN_FOLDERS:
+                if (staging / name).is_dir():
+                    owned.replace_owned(out_dir / name, owned.owned(staging / name))
+        except OSError as exc:
+            raise InputError(
+                f"{out_dir}: moving the report into place failed after {moved} of {len(files)} file(s): {exc}"
+            ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def placed(path: Path) -> Path:
+        return out_dir / path.relative_to(staging)
+
+    return dataclasses.replace(
+        result,
+        markdown=placed(result.markdown),
+        html=placed(result.html),
+        plots=tuple(placed(p) for p in result.plots),
+        failure_pages=tuple(placed(p) for p in result.failure_pages),
+        results=placed(result.results) if result.results is not None else None,
+    )
+
+
+def _check_writable(folder: Path, targets: Sequence[Path]) -> None:
+    """An InputError unless a file can be made in `folder` and each existing target replaced (an immutable
+    file refuses even root, which os.access does not tell)."""
+    try:
+        owned.own_folder(folder)
+        probe = folder / f".servematrix-probe-{uuid.uuid4().hex[:12]}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"{folder}: cannot write the report there ({exc.strerror}); nothing was written") from None
+    for target in targets:
+        if target.is_dir() and not target.is_symlink():
+            raise InputError(f"{target}: is a folder where the report writes a file; nothing was written")
+        if target.is_symlink() or not target.is_file():
+            continue  # a rename replaces the link itself
+        try:
+            with open(target, "ab"):
+                pass
+        except PermissionError as exc:
+            if exc.errno == errno.EPERM:  # immutable; EACCES (read-only mode) a rename still replaces
+                raise InputError(f"{target}: cannot be replaced ({exc.strerror}); nothing was written") from None
+
+
 def read_record(path: Path) -> dict[str, Any] | None:
     """The published record at `path`, None when there is none; a malformed one is an InputError."""
     try:
         return load_export(path)
     except ValueError as exc:  # json.JSONDecodeError included
         raise InputError(f"{path}: not a servematrix results record ({exc})") from None
+    except OSError as exc:  # a name too long, a folder that cannot be read
+        raise InputError(f"{str(path)[:200]}: cannot read the results record ({exc.strerror})") from None
 
 
 def refuse_published(out_dir: Path) -> None:
@@ -114,6 +212,11 @@ def _newer_or_same(row: Row, than: Row) -> bool:
     return mine >= theirs
 
 
+def _portable_path(path: str | None) -> str | None:
+    """A stored path as published: relative to the project when under it, else without the host's folders."""
+    return scrub_host_paths(portable_argv([path], Path.cwd().absolute())[0]) if path else path
+
+
 def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *, prune: bool = False) -> Publication:
     """The published cells with `rows` merged in: keyed by cell id, the newer finished row wins; published
     cells absent from `rows` stay unless `prune`."""
@@ -148,6 +251,7 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
                 **(row.values if isinstance(row, Row) else row),
                 "excerpt": scrub_host_paths(str(row.get("excerpt") or "")) or row.get("excerpt"),
                 "evidence": [scrub_host_paths(str(e)) for e in row.get("evidence") or []],
+                "lock_file": _portable_path(row.get("lock_file")),
             }
         )
         for row in merged.values()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.stages import bench
-from servematrix.store import COLUMNS, Row
+from servematrix.store import COLUMNS, Row, row_problem
 from servematrix.util import atomic_write
 from servematrix.verdict import cpu_only, observed
 
@@ -105,6 +105,8 @@ def export_results(
     for row in sorted(rows, key=lambda r: (r["matrix"], r["env_id"], r["mode"])):
         entry = {key: row.get(key) for key in EXPORTED if key != "prediction" or row.get(key) is not None}
         entry["argv"] = portable_argv(row.get("argv") or [], base)
+        if row.get("lock_file"):  # an absolute --lock-dir elsewhere would name the host's folders
+            entry["lock_file"] = scrub_host_paths(portable_argv([row["lock_file"]], base)[0])
         entry["metrics"] = _trim_metrics(row.get("metrics"), base)
         entry["excerpt"] = scrub_host_paths(str(row.get("excerpt") or "")) or row.get("excerpt")
         entry["evidence"] = [scrub_host_paths(str(e)) for e in row.get("evidence") or []]
@@ -133,16 +135,27 @@ def scrub_host_paths(text: str) -> str:
 
 
 def write_export(export: Mapping[str, Any], path: Path) -> Path:
-    return atomic_write(path, json.dumps(export, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    text = json.dumps(export, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return atomic_write(path, text + "\n")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def load_export(path: Path) -> dict[str, Any] | None:
     """The published record at `path`, or None when there is none yet. A malformed file is an error."""
     if not path.is_file():
         return None
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("cells"), dict):
         raise ValueError(f"{path}: not a servematrix results export (schema {SCHEMA})")
+    for cell, entry in data["cells"].items():  # what a crafted record names reaches pages and file names
+        problem = row_problem(entry) if isinstance(entry, dict) else "not a table"
+        if problem is None and entry.get("cell_id") != cell:
+            problem = f"its cell_id {str(entry.get('cell_id'))[:80]!r} is not its key"
+        if problem is not None:
+            raise ValueError(f"cell {cell[:80]!r}: {problem}")
     return data
 
 

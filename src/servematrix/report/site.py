@@ -41,6 +41,7 @@ from servematrix.report.markdown import (
     no_speedup_text,
     reproduce,
 )
+from servematrix.report.owned import own_folder, replace_owned
 from servematrix.report.plots import Plot, write_plots
 from servematrix.report.recommend import nearest_fixes
 from servematrix.report.regressions import (
@@ -84,12 +85,14 @@ def build_report(
     write_record: bool = True,
     title: str = "Compatibility",
     markdown_name: str = MARKDOWN_NAME,
+    shown_from: Path | None = None,
 ) -> ReportResult:
     """Write the report for `rows` under `out_dir`, comparing with the published record at `baseline`.
 
     `results` is where the new record goes (default `out_dir/results/latest.json`; none at all without
     `write_record`, for a preview that publishes nothing); `markdown_name` names the table's file
-    (`servematrix run --report PATH` picks it). The record may be the baseline itself: the baseline is read
+    (`servematrix run --report PATH` picks it); `shown_from` is the folder the pages will be read in, when
+    they are written elsewhere first (`publish.write_report` stages them). The record may be the baseline itself: the baseline is read
     first, and the record keeps what each cell was compared with, so building the same report twice flags
     the same regressions."""
     previous = load_export(baseline) if baseline is not None else None
@@ -98,7 +101,7 @@ def build_report(
     plots = write_plots(rows, out_dir / "plots")
     classes = failure_classes(rows)
     failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR, table=markdown_name)
-    shown_baseline = _shown(baseline, out_dir) if baseline is not None and previous is not None else None
+    shown_baseline = _shown(baseline, shown_from or out_dir) if baseline is not None and previous is not None else None
     extras = Extras(
         failure_pages={cls: f"{FAILURES_DIR}/{_page_name(cls)}" for cls in classes},
         regressions=regressions,
@@ -211,9 +214,10 @@ def write_failure_pages(
     classes: Mapping[str, FailureClass], rows: Sequence[Row], out_dir: Path, *, table: str = MARKDOWN_NAME
 ) -> list[Path]:
     """`<class>.md` for every class (explanation and workaround from the signature data, then the cells that
-    failed with it) and `index.md`. Pages of classes that no longer exist are removed."""
+    failed with it) and `index.md`. Pages of classes that no longer exist are removed (those an earlier report
+    recorded as its own: `report.owned`)."""
     env = _markdown_environment()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    own_folder(out_dir)
     by_class: dict[str, list[Row]] = {}
     for row in rows:
         cls = failure_class(str(row["verdict"]))
@@ -231,10 +235,7 @@ def write_failure_pages(
         classes=list(classes.values()), counts={cls: len(rows) for cls, rows in by_class.items()}
     )
     written.append(atomic_write(out_dir / "index.md", index))
-    keep = {p.name for p in written}
-    for stale in out_dir.glob("*.md"):
-        if stale.name not in keep:
-            stale.unlink()
+    replace_owned(out_dir, (p.name for p in written))  # only pages an earlier report wrote are removed
     return written
 
 

@@ -64,6 +64,13 @@ class FakeBehavior:
     # Keep every request in the log. Off in the server process (nobody can read its log; a ceiling
     # measurement sends tens of thousands of requests).
     record: bool = True
+    # HOSTILE modes, for the attack tests: `usage_raw` is sent as the usage, as is (JSON text, or not: "NaN",
+    # "[1, 2]", "-1000000"), in a chunk of its own; `hang_after_chunks` > 0 stops sending after that many
+    # content chunks and keeps the connection open (an endless stream); `long_line_bytes` > 0 sends one SSE
+    # line of that many bytes with no newline, then hangs.
+    usage_raw: str = ""
+    hang_after_chunks: int = 0
+    long_line_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.usage not in USAGE_MODES:
@@ -139,6 +146,14 @@ def _response(status: int, body: dict, reason: str = "") -> bytes:
     return head.encode() + data
 
 
+async def _hang(writer: asyncio.StreamWriter) -> bool:
+    """Keep the connection open and send nothing, until the client gives up or the server stops."""
+    with contextlib.suppress(asyncio.CancelledError):  # the server stopping: not an error of the fake's
+        await asyncio.sleep(3600)
+    writer.close()
+    return False
+
+
 async def _stream(
     writer: asyncio.StreamWriter, state: _State, api: str, body: dict, entry: RequestLog, *, drop: bool
 ) -> bool:
@@ -157,6 +172,13 @@ async def _stream(
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
     if api == "chat" and b.role_chunk:
         writer.write(_sse(_chunk(api, role=True, nulls=b.null_fields)))
+    if b.long_line_bytes:
+        piece = b"x" * 65536
+        writer.write(b"%x\r\ndata: \r\n" % 6)
+        for _ in range(b.long_line_bytes // len(piece)):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        return await _hang(writer)
     if b.first_token_delay_s:
         await asyncio.sleep(b.first_token_delay_s)
     # One pre-encoded content chunk, reused: the fake must stay far cheaper than the client it measures.
@@ -170,7 +192,7 @@ async def _stream(
         last = sent + k >= n
         if last:  # the last content chunk may carry fewer tokens, finish_reason and (transformers) usage
             obj = _chunk(api, text=word * k, finish=finish, nulls=b.null_fields)
-            if include_usage and b.usage == "final_chunk":
+            if include_usage and b.usage == "final_chunk" and not b.usage_raw:
                 obj["usage"] = usage
             out.append(_sse(obj))
         elif api == "chat" and i < b.reasoning_chunks:
@@ -179,6 +201,10 @@ async def _stream(
             out.append(content)
         sent += k
         i += 1
+        if b.hang_after_chunks and i >= b.hang_after_chunks:
+            writer.write(b"".join(out))
+            await writer.drain()
+            return await _hang(writer)
         if drop and i >= 3:
             writer.write(b"".join(out))
             await writer.drain()
@@ -194,7 +220,9 @@ async def _stream(
             out.clear()
             await writer.drain()
             await asyncio.sleep(0)  # let other streams interleave
-    if include_usage and b.usage == "separate_chunk":
+    if b.usage_raw:
+        out.append(_sse(f'{{"id":"fake","object":"chat.completion.chunk","choices":[],"usage":{b.usage_raw}}}'))
+    elif include_usage and b.usage == "separate_chunk":
         out.append(_sse({"id": "fake", "object": "chat.completion.chunk", "choices": [], "usage": usage}))
     if b.send_done:
         out.append(_sse("[DONE]"))

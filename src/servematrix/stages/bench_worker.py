@@ -52,6 +52,16 @@ _CONTENT = {
     "completions": re.compile(rb'"text"\s*+:\s*+"(?!")'),
 }
 MAX_ERROR_BODY = 300
+# An SSE line longer than this is a protocol error: the server is not streaming tokens (one line per event,
+# each a few hundred bytes), and the buffer of an endless line would grow without bound.
+MAX_SSE_LINE = 1 << 20
+# A server may count a stop token or two beyond max_tokens; more than this margin is not a count of tokens.
+USAGE_MARGIN = 16
+# Without max_tokens in the request, a completion_tokens this large is not a count either.
+USAGE_CEILING = 1 << 24
+# This many timeouts in a row and the server is taken to hang: the batch's other requests are not sent
+# (`circuit_open`), and each later batch to the same server first sends one request to see if it answers.
+CIRCUIT_TIMEOUTS = 3
 # Chunked transfer decoding states (a positive state is the number of data bytes left in the current chunk).
 _AT_SIZE, _AT_CRLF, _IN_TRAILER = -1, -2, -3
 _LEN = struct.Struct("<Q")
@@ -237,6 +247,8 @@ class _Exchange:
         buf = self._sse + body if self._sse else body
         lines = buf.split(b"\n")
         self._sse = lines.pop()
+        if len(self._sse) > MAX_SSE_LINE:
+            raise _ProtocolError(f"an SSE line over {MAX_SSE_LINE} bytes without a newline")
         api, keep_text, times = self.api, self.keep_text, self.content_times
         needs_parse, content = _NEEDS_PARSE.search, _CONTENT[api].search
         for line in lines:
@@ -365,8 +377,11 @@ class Stream:
         _, proto = await loop.create_connection(_Connection, self.target.host, self.target.port, ssl=ctx)
         return proto
 
-    async def request(self, body: bytes, *, api: str, timeout_s: float, keep_text: bool = False) -> RequestResult:
-        """Send one streaming request and time it. Never raises for server or network faults."""
+    async def request(
+        self, body: bytes, *, api: str, timeout_s: float, keep_text: bool = False, max_tokens: int | None = None
+    ) -> RequestResult:
+        """Send one streaming request and time it. Never raises for server or network faults. `max_tokens`
+        (what the body asks for) bounds the usage a reply may report."""
         loop = asyncio.get_running_loop()
         payload = self.target.request(body)
         t0 = time.perf_counter()
@@ -400,10 +415,39 @@ class Stream:
         t_end = time.perf_counter()
         if ex.failure is not None or ex.closing or not ex.body_done:
             self.close()
-        return _result(ex, t0, t_end)
+        return _result(ex, t0, t_end, max_tokens)
 
 
-def _result(ex: _Exchange, t0: float, t_end: float) -> RequestResult:
+def requested_tokens(body: bytes) -> int | None:
+    """The `max_tokens` (or `max_completion_tokens`) a request body asks for, if it names one."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = obj.get(key) if isinstance(obj, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def usage_problem(usage: Any, max_tokens: int | None) -> str | None:
+    """Why a reply's `usage` is not a count of the tokens this request made, or None."""
+    if usage is None:
+        return "stream ended without usage.completion_tokens"
+    if not isinstance(usage, dict):
+        return f"usage is a {type(usage).__name__}, not an object: {str(usage)[:80]}"
+    limit = max_tokens + USAGE_MARGIN if max_tokens is not None else USAGE_CEILING
+    tokens = usage.get("completion_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or not 0 <= tokens <= limit:
+        return f"usage.completion_tokens {str(tokens)[:40]} is not a count of at most {limit} tokens"
+    prompt = usage.get("prompt_tokens")
+    if prompt is not None and (not isinstance(prompt, int) or isinstance(prompt, bool) or prompt < 0):
+        return f"usage.prompt_tokens {str(prompt)[:40]} is not a count"
+    return None
+
+
+def _result(ex: _Exchange, t0: float, t_end: float, max_tokens: int | None = None) -> RequestResult:
     if ex.failure is not None:
         return RequestResult(ok=False, error=ex.failure[0], error_detail=ex.failure[1], events=ex.events)
     if ex.status != 200:
@@ -422,11 +466,17 @@ def _result(ex: _Exchange, t0: float, t_end: float) -> RequestResult:
         events=ex.events,
     )
     usage = ex.usage
-    if usage is None or not isinstance(usage.get("completion_tokens"), int):
+    problem = usage_problem(usage, max_tokens)
+    if problem is not None:  # counted for this request, like any protocol error
         result.ok = False
-        result.error = "missing_usage"
-        result.error_detail = "stream ended without usage.completion_tokens"
+        result.error = (
+            "missing_usage"
+            if usage is None or (isinstance(usage, dict) and "completion_tokens" not in usage)
+            else "bad_usage"
+        )
+        result.error_detail = problem
     else:
+        assert isinstance(usage, dict)
         result.completion_tokens = usage["completion_tokens"]
         result.prompt_tokens = usage.get("prompt_tokens")
     return result
@@ -441,13 +491,18 @@ class BatchSpec:
     streams: int
     api: str
     timeout_s: float
+    # The cell's wall-clock budget ends here (time.perf_counter, CLOCK_MONOTONIC: the same in every process):
+    # requests after it are not sent (`budget`), and none waits past it.
+    deadline: float | None = None
 
 
 class Runner:
-    """Keeps a worker's connections alive between batches (the event loop persists)."""
+    """Keeps a worker's connections alive between batches (the event loop persists), and the circuit breaker's
+    state: a server that timed out CIRCUIT_TIMEOUTS times in a row gets one request per batch until it answers."""
 
     def __init__(self) -> None:
         self.idle: list[Stream] = []
+        self.hung: Target | None = None  # the server the breaker opened for
 
     async def run(self, spec: BatchSpec) -> tuple[list[RequestResult], float, float]:
         target = Target.of(spec.url)
@@ -459,21 +514,59 @@ class Runner:
         streams += [Stream(target) for _ in range(n - len(streams))]
         results: list[RequestResult | None] = [None] * len(spec.bodies)
         next_index = iter(range(len(spec.bodies)))
+        limits = [requested_tokens(body) for body in spec.bodies]
+        # Timeouts in a row; a batch to a server the breaker opened for starts half-open: one request (under
+        # `probe`) tries it first. `tripped`: the breaker opened in this batch, nothing more is sent.
+        in_a_row = CIRCUIT_TIMEOUTS if self.hung == target else 0
+        tripped = False
+        probe = asyncio.Lock()
+
+        async def send(stream: Stream, i: int) -> RequestResult:
+            nonlocal in_a_row, tripped
+            timeout_s = spec.timeout_s
+            if spec.deadline is not None:
+                left = spec.deadline - time.perf_counter()
+                if left <= 0:
+                    return RequestResult(ok=False, error="budget", error_detail="the cell's time budget was spent")
+                timeout_s = min(timeout_s, left)
+            result = await stream.request(spec.bodies[i], api=spec.api, timeout_s=timeout_s, max_tokens=limits[i])
+            if result.error == "timeout":
+                in_a_row += 1
+                tripped = tripped or in_a_row > CIRCUIT_TIMEOUTS or (in_a_row == CIRCUIT_TIMEOUTS and not probing)
+            else:
+                in_a_row = 0
+            return result
+
+        probing = in_a_row >= CIRCUIT_TIMEOUTS
 
         async def drive(stream: Stream) -> None:
+            nonlocal probing
             for i in next_index:  # a shared iterator: each index is taken by exactly one stream
-                results[i] = await stream.request(spec.bodies[i], api=spec.api, timeout_s=spec.timeout_s)
+                if not tripped and in_a_row >= CIRCUIT_TIMEOUTS:
+                    async with probe:  # half-open: the others wait for the one request that tries the server
+                        if not tripped and in_a_row >= CIRCUIT_TIMEOUTS:
+                            results[i] = await send(stream, i)
+                            probing = False
+                            continue
+                results[i] = _circuit_open() if tripped else await send(stream, i)
 
         t_start = time.perf_counter()
         await asyncio.gather(*(drive(s) for s in streams))
         t_end = time.perf_counter()
         self.idle = streams
+        self.hung = target if in_a_row >= CIRCUIT_TIMEOUTS else None
         return [r for r in results if r is not None], t_start, t_end
 
     def close(self) -> None:
         for s in self.idle:
             s.close()
         self.idle = []
+
+
+def _circuit_open() -> RequestResult:
+    return RequestResult(
+        ok=False, error="circuit_open", error_detail=f"not sent: {CIRCUIT_TIMEOUTS} requests in a row timed out"
+    )
 
 
 # ------------------------------------------------------------------------------------------- the process

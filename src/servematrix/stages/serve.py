@@ -70,6 +70,8 @@ class Server:
         host: str = "127.0.0.1",
         on_started: Callable[[int, int], None] | None = None,
         secret_flags: Collection[str] = (),
+        public_env: Collection[str] = (),
+        passed_env: Collection[str] = (),
     ) -> None:
         self.launch = launch
         self.engine = engine
@@ -81,7 +83,11 @@ class Server:
         self.on_started = on_started
         self.base_url = f"http://{host}:{port}"
         # Secrets may be set only in the launch environment, not in the harness's own.
-        self._redactor = Redactor.for_launch(launch.argv, {**os.environ, **launch.env}, secret_flags)
+        # Any value it is given may be one, whatever its variable's name: masked unless engine data says public.
+        # `passed_env` names the variables the cell sets (matrix, GPU kind, engine), the rest it inherits.
+        self._redactor = Redactor.for_launch(
+            launch.argv, {**os.environ, **launch.env}, secret_flags, passed=passed_env, public_env=public_env
+        )
         self.process: subprocess.Popen[bytes] | None = None
         self._pump: threading.Thread | None = None
         self._scanner = LogScanner(engine, env={**os.environ, **launch.env})

@@ -39,7 +39,7 @@ metric of the phase it changes), ``cpus`` (disjoint CPU sets) and ``smoke`` (one
 from servematrix.stages.bench.ceiling import fake_server, measure_ceiling
 from servematrix.stages.bench.compare import METRICS, PHASE_METRICS, Metric, ModeComparison, Speedup, compare, speedup
 from servematrix.stages.bench.cpus import CpuSplit, split_cpus
-from servematrix.stages.bench.pool import Batch, ClientPool
+from servematrix.stages.bench.pool import Batch, ClientPool, cell_budget
 from servematrix.stages.bench.run import run_workload, run_workload_sync
 from servematrix.stages.bench.smoke import SMOKE_MAX_TOKENS, SMOKE_PROMPT, SmokeResult, smoke_check, smoke_check_sync
 from servematrix.stages.bench.stats import (
@@ -81,6 +81,7 @@ __all__ = [
     "Speedup",
     "Spread",
     "Workload",
+    "cell_budget",
     "compare",
     "endpoint",
     "fake_server",

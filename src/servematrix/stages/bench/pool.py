@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -129,7 +129,7 @@ class ClientPool:
             shares[i % k] += 1
         start = 0
         for i in range(k):
-            spec = BatchSpec(url, list(bodies[start : start + shares[i]]), streams[i], api, timeout_s)
+            spec = BatchSpec(url, list(bodies[start : start + shares[i]]), streams[i], api, timeout_s, _cell_deadline)
             start += shares[i]
             self._send(i, ("batch", spec))
         for i in range(k):
@@ -141,3 +141,18 @@ class ClientPool:
         wall = max(msg[3] for msg in done) - min(msg[2] for msg in done)
         cpu = sum(msg[4] for msg in done) + time.thread_time() - parent_cpu0
         return Batch(results, wall, cpu, k)
+
+
+# The running cell's wall-clock budget (time.perf_counter), set by `cell_budget`: every batch carries it.
+_cell_deadline: float | None = None
+
+
+@contextlib.contextmanager
+def cell_budget(seconds: float) -> Iterator[None]:
+    """Within it, no request is sent, nor waited for, past `seconds` from now (the workers answer `budget`)."""
+    global _cell_deadline
+    _cell_deadline = time.perf_counter() + seconds
+    try:
+        yield
+    finally:
+        _cell_deadline = None

@@ -1,0 +1,599 @@
+"""The attack list of the second hardening pass, replayed: a crafted store, a crafted published record, a
+hostile OpenAI server, symlinked output folders, a 401 index, secrets in unusual variable names, limits.
+
+`nox -s tests` installs the package non-editable, so there these run against the installed copy. Each test
+is seconds: they call the CLI in-process (`servematrix.cli.main`) and share the fake server of
+tests/fakes/, in its hostile modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servematrix.cli import main
+from servematrix.stages.bench_worker import CIRCUIT_TIMEOUTS, BatchSpec, Runner
+from servematrix.store import Store
+from tests.conftest import REPO
+from tests.fakes.fake_openai_server import FakeBehavior, FakeOpenAIServer
+
+pytestmark = pytest.mark.integration
+
+MATRIX = "matrix/cpu-smoke.toml"
+AXES = {"transformers": "5.24.0", "torch": "2.9.1", "gpu": "cpu"}
+ATTR_LIST_XSS = '*x*{: onmouseover="alert(document.domain)" }'
+T1 = "2026-01-02T00:00:00+00:00"
+
+
+def metrics(tok_s: float = 10.0, tokens: int = 100) -> dict[str, Any]:
+    return {
+        "completion_tokens": tokens,
+        "levels": [
+            {
+                "concurrency": 1,
+                "completion_tokens": tokens,
+                "error_count": 0,
+                "output_tok_s": {"min": tok_s, "median": tok_s, "max": tok_s},
+                "runs": [],
+            }
+        ],
+    }
+
+
+def values(cell: str = "a", **extra: Any) -> dict[str, Any]:
+    return {
+        "run_id": "r1",
+        "cell_id": cell,
+        "env_id": f"env-{cell}",
+        "engine": "transformers",
+        "mode": "static",
+        "matrix": MATRIX,
+        "axes": AXES,
+        "inputs_hash": "h",
+        "verdict": "pass",
+        "metrics": metrics(),
+        "backend": "venv",
+        "started_at": T1,
+        "finished_at": T1,
+        **extra,
+    }
+
+
+def make_store(path: Path, *rows: dict[str, Any]) -> Path:
+    with Store(path) as store:
+        for row in rows or (values(),):
+            store.record(**row)
+    return path
+
+
+def tamper(path: Path, sql: str, *params: Any) -> None:
+    """Change a store behind servematrix's back, as a crafted artifact would be."""
+    db = sqlite3.connect(path)
+    with db:
+        db.execute(sql, params)
+    db.close()
+
+
+def site_html(markdown_text: str) -> str:
+    """Markdown as the docs site renders it: mkdocs.yml's extensions."""
+    md = pytest.importorskip("markdown")
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    extensions = [e if isinstance(e, str) else next(iter(e)) for e in config["markdown_extensions"]]
+    return md.markdown(markdown_text, extensions=extensions)
+
+
+class _Attributes(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.found += [(tag, name) for name, _ in attrs if name.startswith("on")]
+        if tag in ("script", "img"):
+            self.found.append((tag, ""))
+
+
+def live_attributes(html: str) -> list[tuple[str, str]]:
+    """Event handlers, and elements a row's text could only have made through markup."""
+    parser = _Attributes()
+    parser.feed(html)
+    return parser.found
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("servematrix: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------ 1: stored XSS through attr_list
+
+
+def test_attr_list_markup_in_free_text_fields_renders_as_text(project: Path):
+    """host.cpu, host.gpu_sku, evidence and the excerpt are free text: escaped for mkdocs' attr_list."""
+    store = make_store(
+        project / "s.sqlite",
+        values(
+            verdict="fail:dynamo-untraceable",
+            metrics=None,
+            excerpt=f"Traceback\n{ATTR_LIST_XSS}",
+            evidence=[ATTR_LIST_XSS, '_y_{: onclick="alert(1)" }'],
+            host={"cpu": ATTR_LIST_XSS, "gpu_sku": ATTR_LIST_XSS, "driver": "1"},
+        ),
+    )
+    assert main(["report", "--store", str(store), "--out", "site"]) == 0
+    pages = [project / "site" / "compatibility.md", *(project / "site" / "failures").glob("*.md")]
+    assert len(pages) > 2
+    for page in pages:
+        assert live_attributes(site_html(page.read_text())) == [], page.name
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("mode", ATTR_LIST_XSS),
+        ("axes", json.dumps({**AXES, "gpu": ATTR_LIST_XSS})),
+        ("matrix", "matrix/<img src=x onerror=alert(1)>.toml"),
+        ("env_id", "env{: onclick=x}"),
+    ],
+)
+def test_a_stored_name_outside_the_safe_set_is_refused_at_its_row(
+    project: Path, capsys: pytest.CaptureFixture[str], column: str, value: str
+):
+    store = make_store(project / "s.sqlite")
+    tamper(store, f"UPDATE cell_runs SET {column} = ?", value)
+    assert main(["report", "--store", str(store), "--out", "site"]) == 2
+    assert "row r1/a" in one_error_line(capsys)
+    assert not (project / "site").exists()
+    assert main(["merge", "merged.sqlite", str(store)]) == 2
+    assert "row r1/a" in one_error_line(capsys)
+    assert not (project / "merged.sqlite").exists()
+
+
+def _publish(project: Path) -> Path:
+    assert main(["report", "--publish", "--store", str(make_store(project / "s.sqlite"))]) == 0
+    return project / "docs" / "results" / "latest.json"
+
+
+def test_a_crafted_published_record_is_refused_at_its_cell(project: Path, capsys: pytest.CaptureFixture[str]):
+    record = _publish(project)
+    capsys.readouterr()
+    data = json.loads(record.read_text())
+    data["cells"]["a"]["axes"]["gpu"] = ATTR_LIST_XSS
+    record.write_text(json.dumps(data))
+    before = {p: p.read_bytes() for p in (project / "docs").rglob("*") if p.is_file()}
+    assert main(["report", "--publish", "--from-published"]) == 2
+    assert "cell 'a'" in one_error_line(capsys)
+    assert {p: p.read_bytes() for p in (project / "docs").rglob("*") if p.is_file()} == before
+
+
+# ------------------------------------------------------------------------ 6, 9: absurd figures, bad types
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("axes", "[]"),
+        ("host", "5"),
+        ("host", 5),
+        ("evidence", '{"a": 1}'),
+        ("metrics", json.dumps(metrics(tok_s=-43e6))),
+        ("metrics", json.dumps(metrics(tok_s=1e30))),
+        ("metrics", json.dumps(metrics(tokens=-1000000))),
+        ("metrics", json.dumps(metrics()).replace('"median": 10.0', '"median": NaN')),
+        ("metrics", json.dumps(metrics()).replace('"completion_tokens": 100,', '"completion_tokens": true,', 1)),
+    ],
+)
+def test_a_row_of_the_wrong_type_or_an_absurd_figure_is_refused_on_read_and_merge(
+    project: Path, capsys: pytest.CaptureFixture[str], column: str, value: Any
+):
+    store = make_store(project / "s.sqlite")
+    tamper(store, f"UPDATE cell_runs SET {column} = ?", value)
+    assert main(["merge", "merged.sqlite", str(store)]) == 2
+    assert "row r1/a" in one_error_line(capsys)
+    assert not (project / "merged.sqlite").exists()
+    assert main(["report", "--publish", "--store", str(store)]) == 2
+    assert "row r1/a" in one_error_line(capsys)
+    assert not (project / "docs").exists()
+
+
+def test_a_published_nan_is_refused_and_never_written(project: Path, capsys: pytest.CaptureFixture[str]):
+    record = _publish(project)
+    capsys.readouterr()
+    record.write_text(record.read_text().replace('"median": 10.0', '"median": NaN'))
+    assert main(["report", "--publish", "--from-published"]) == 2
+    assert "NaN" in one_error_line(capsys)
+
+
+# ------------------------------------------------------------------------ 2: deleting what it did not write
+
+
+@pytest.mark.parametrize("folder", ["plots", "failures"])
+def test_a_symlinked_output_folder_is_refused_and_its_target_untouched(
+    project: Path, capsys: pytest.CaptureFixture[str], folder: str
+):
+    brand = project / "brand"
+    brand.mkdir()
+    (brand / "brand.svg").write_text("<svg/>")
+    (brand / "runbook.md").write_text("# runbook")
+    (project / "docs").mkdir()
+    (project / "docs" / folder).symlink_to(brand)
+    store = make_store(project / "s.sqlite", values(verdict="fail:dynamo-untraceable", metrics=None))
+    assert main(["report", "--publish", "--store", str(store)]) == 2
+    assert "symbolic link" in one_error_line(capsys)
+    assert sorted(p.name for p in brand.iterdir()) == ["brand.svg", "runbook.md"]
+    assert sorted(p.name for p in (project / "docs").iterdir()) == [folder]
+
+
+def test_a_report_into_another_projects_docs_removes_none_of_its_files(project: Path):
+    docs = project / "other" / "docs"
+    for name in ("plots/logo.svg", "failures/runbook.md", "failures/index.md.bak"):
+        (docs / name).parent.mkdir(parents=True, exist_ok=True)
+        (docs / name).write_text("theirs")
+    store = make_store(project / "s.sqlite", values(verdict="fail:dynamo-untraceable", metrics=None))
+    assert main(["report", "--store", str(store), "--out", str(docs)]) == 0
+    assert (docs / "plots" / "logo.svg").read_text() == "theirs"
+    assert (docs / "failures" / "runbook.md").read_text() == "theirs"
+    assert (docs / "failures" / "dynamo-untraceable.md").is_file()
+    # A plot this tool wrote is removed once its matrix is gone; theirs stay.
+    store = make_store(project / "t.sqlite", values(cell="b"))
+    assert main(["report", "--store", str(store), "--out", str(docs)]) == 0
+    ours = sorted(p.name for p in (docs / "plots").glob("*.svg") if p.name != "logo.svg")
+    assert ours
+    store = make_store(project / "u.sqlite", values(cell="c", matrix="matrix/other.toml"))
+    assert main(["report", "--store", str(store), "--out", str(docs)]) == 0
+    assert not [name for name in ours if (docs / "plots" / name).exists()]
+    assert (docs / "plots" / "logo.svg").read_text() == "theirs"
+    assert (docs / "failures" / "runbook.md").read_text() == "theirs"
+
+
+# ------------------------------------------------------------------------ 8 and Low: all or nothing, one line
+
+
+def test_a_read_only_results_folder_leaves_every_page_as_it_was(project: Path, capsys: pytest.CaptureFixture[str]):
+    record = _publish(project)
+    docs = project / "docs"
+    before = {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()}
+    store = make_store(project / "t.sqlite", values(cell="b", verdict="fail:dynamo-untraceable", metrics=None))
+    capsys.readouterr()
+    if os.geteuid() == 0:  # root writes a read-only folder: a folder where the record goes fails as late
+        record.unlink()
+        record.mkdir()
+        before = {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()}
+        assert main(["report", "--publish", "--store", str(store)]) == 2
+    else:
+        record.parent.chmod(0o555)
+        try:
+            assert main(["report", "--publish", "--store", str(store)]) == 2
+        finally:
+            record.parent.chmod(0o755)
+    assert "nothing was written" in one_error_line(capsys)
+    assert {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()} == before
+    assert not [p for p in docs.iterdir() if p.name.startswith(".servematrix-staging")]
+
+
+@pytest.mark.parametrize("out", ["a-file", "x" * 5000])
+def test_an_out_that_is_a_file_or_too_long_is_one_line(project: Path, capsys: pytest.CaptureFixture[str], out: str):
+    (project / "a-file").write_text("mine")
+    store = make_store(project / "s.sqlite")
+    assert main(["report", "--publish", "--store", str(store), "--out", out]) == 2
+    one_error_line(capsys)
+    assert (project / "a-file").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------ 5: an index that refuses credentials
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    status = 401
+
+    def do_GET(self) -> None:
+        self.send_response(self.status)
+        self.send_header("WWW-Authenticate", 'Basic realm="index"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_index_that_refuses_credentials_is_a_harness_error_not_unresolvable(tmp_path: Path, status: int):
+    """Real uv against a local index answering 401/403: `error` (run again next time), never `unresolvable`."""
+    from servematrix.stages.resolve import classify_failure
+
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH")
+    handler = type("Refusing", (_Refusing,), {"status": status})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        (tmp_path / "in.txt").write_text("sglang\n")
+        done = subprocess.run(
+            [uv, "pip", "compile", "--no-cache", "--python-version", "3.11", "--no-config", "in.txt",
+             "--index-url", f"http://127.0.0.1:{server.server_address[1]}/simple"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"},
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    assert done.returncode != 0
+    assert classify_failure(done.stderr)[0] == "error", done.stderr
+
+
+# ------------------------------------------------------------------------ 4: secrets in unusual variable names
+
+
+def test_values_of_unusual_variables_given_to_a_server_never_reach_its_log(tmp_path: Path):
+    """A real server process that prints its whole environment and dies: nothing the cell gave it (but public
+    variables) and no mixed letter-digit value it inherited survives in its log, where excerpts come from."""
+    import sys
+
+    from servematrix.backends import LaunchSpec
+    from servematrix.engines import Readiness, load_engine
+    from servematrix.stages.serve import Server, free_port
+
+    given = {
+        "DB_PASS": "correct-horse-battery",
+        "GPU_AUTH": "zz9plural",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": "/hf-home-public",
+    }
+    inherited = {"RUNNER_SESSION": "a1b2c3d4e5f6", "GITHUB_EVENT_NAME": "schedule"}
+    code = "import os, sys; [print(f'{k}={v}') for k, v in sorted(os.environ.items())]; sys.exit(3)"
+    launch = LaunchSpec(argv=(sys.executable, "-c", code), env={**os.environ, **inherited, **given}, owns_listener=True)
+    log = tmp_path / "server.log"
+    server = Server(
+        launch, engine="transformers", port=free_port(), log_path=log, timeout_s=20,
+        readiness=Readiness(path="/health", interval_s=0.1, timeout_s=20),
+        public_env=load_engine("transformers").public_env, passed_env=tuple(given),
+    )  # fmt: skip
+    with server:
+        server.wait_ready()
+    text = log.read_text()
+    assert "DB_PASS=[REDACTED]" in text and "GPU_AUTH=[REDACTED]" in text and "RUNNER_SESSION=[REDACTED]" in text
+    for value in ("correct-horse-battery", "zz9plural", "a1b2c3d4e5f6"):
+        assert value not in text
+    assert "HF_HOME=/hf-home-public" in text and "GITHUB_EVENT_NAME=schedule" in text  # public, and a word
+
+
+# ------------------------------------------------------------------------ 6, 7, 9, Low: a hostile server
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[FakeOpenAIServer]:
+    """One fake server for the module; each test sets its hostile behaviour."""
+    with FakeOpenAIServer(FakeBehavior()) as server:
+        yield server
+
+
+def _body(max_tokens: int = 8) -> bytes:
+    return json.dumps(
+        {"model": "fake", "stream": True, "max_tokens": max_tokens, "stream_options": {"include_usage": True},
+         "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()  # fmt: skip
+
+
+def _batch(server: FakeOpenAIServer, n: int, streams: int, timeout_s: float, deadline: float | None = None) -> Any:
+    spec = BatchSpec(f"{server.base_url}/v1/chat/completions", [_body()] * n, streams, "chat", timeout_s, deadline)
+    runner = Runner()
+    loop = asyncio.new_event_loop()
+    try:
+        started = time.perf_counter()
+        results, _, _ = loop.run_until_complete(runner.run(spec))
+        again, _, _ = loop.run_until_complete(runner.run(spec))  # the breaker's state outlives a batch
+        return results, again, time.perf_counter() - started
+    finally:
+        runner.close()
+        loop.close()
+
+
+@pytest.mark.parametrize(
+    "usage", ['{"completion_tokens": -1000000}', '{"completion_tokens": 1e30}', '{"completion_tokens": NaN}',
+              '{"completion_tokens": true}', '{"completion_tokens": 9000}', "[1, 2]", '"many"',
+              '{"completion_tokens": 8, "prompt_tokens": -5}'],
+)  # fmt: skip
+def test_absurd_or_malformed_usage_is_a_protocol_error_of_that_request(hostile: FakeOpenAIServer, usage: str):
+    hostile.set_behavior(FakeBehavior(usage_raw=usage))
+    results, _, _ = _batch(hostile, 4, 2, 10.0)
+    assert len(results) == 4
+    assert {r.error for r in results} == {"bad_usage"} and not any(r.ok for r in results)
+    assert all(r.completion_tokens is None for r in results)
+
+
+def test_a_sane_usage_still_counts(hostile: FakeOpenAIServer):
+    hostile.set_behavior(FakeBehavior(usage_raw='{"completion_tokens": 8, "prompt_tokens": 1}'))
+    results, _, _ = _batch(hostile, 2, 2, 10.0)
+    assert [r.completion_tokens for r in results] == [8, 8] and all(r.ok for r in results)
+
+
+def test_a_server_that_hangs_mid_stream_trips_the_breaker(hostile: FakeOpenAIServer):
+    """Endless streams: after CIRCUIT_TIMEOUTS timeouts in a row the rest is not sent; the next batch sends
+    one request. 40 requests at 0.3 s would take 6 s one by one over 2 streams."""
+    hostile.set_behavior(FakeBehavior(hang_after_chunks=2))
+    first, again, elapsed = _batch(hostile, 40, 2, 0.3)
+    assert elapsed < 3.0
+    timeouts = sum(r.error == "timeout" for r in first)
+    assert CIRCUIT_TIMEOUTS <= timeouts <= CIRCUIT_TIMEOUTS + 1  # the other stream's request was in flight
+    assert sum(r.error == "circuit_open" for r in first) == 40 - timeouts
+    assert sum(r.error == "timeout" for r in again) == 1 and len(again) == 40
+
+
+def test_the_cells_budget_bounds_every_request(hostile: FakeOpenAIServer):
+    hostile.set_behavior(FakeBehavior(hang_after_chunks=2))
+    first, again, elapsed = _batch(hostile, 4, 4, 60.0, deadline=time.perf_counter() + 0.5)
+    assert elapsed < 3.0
+    assert {r.error for r in first} <= {"timeout", "circuit_open", "budget"}
+    assert {r.error for r in again} == {"budget"}
+
+
+def test_a_100_mb_line_without_a_newline_is_cut_off(hostile: FakeOpenAIServer):
+    hostile.set_behavior(FakeBehavior(long_line_bytes=100 << 20))
+    started = time.process_time()
+    results, _, _ = _batch(hostile, 1, 1, 20.0)
+    assert results[0].error == "protocol" and "SSE line" in results[0].error_detail
+    assert time.process_time() - started < 5.0  # CPU of this process (the fake's thread included)
+
+
+# ------------------------------------------------------------------------ Low
+
+
+def test_a_device_node_is_not_a_store(project: Path, capsys: pytest.CaptureFixture[str]):
+    from servematrix.errors import InputError
+
+    journal = Path("/dev/full-journal")
+    there = journal.exists()  # left by an older servematrix, maybe
+    with pytest.raises(InputError, match="device, pipe or socket"):
+        Store(Path("/dev/full"))
+    assert journal.exists() == there
+
+
+def test_a_store_locked_by_another_process_is_one_line(project: Path, monkeypatch: pytest.MonkeyPatch):
+    from servematrix import store as store_module
+    from servematrix.errors import InputError
+
+    path = make_store(project / "s.sqlite")
+    monkeypatch.setattr(store_module, "_LOCK_WAIT_S", 0.2)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with Store(path) as store, pytest.raises(InputError, match="locked by another process"):
+            store.record(**values(cell="b"))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_an_absolute_lock_path_is_not_published(project: Path):
+    store = make_store(project / "s.sqlite", values(lock_file="/srv/secret-host/locks/transformers/x.lock.txt"))
+    assert main(["report", "--publish", "--store", str(store)]) == 0
+    published = (project / "docs" / "results" / "latest.json").read_text()
+    assert "/srv/secret-host" not in published and "x.lock.txt" in published
+    assert "/srv/secret-host" not in (project / "docs" / "compatibility.html").read_text()
+
+
+def test_a_null_verdict_is_refused_not_published_as_none(project: Path, capsys: pytest.CaptureFixture[str]):
+    store = make_store(project / "s.sqlite")
+    tamper(store, "UPDATE cell_runs SET verdict = NULL")
+    assert main(["report", "--publish", "--store", str(store)]) == 2
+    assert "without a verdict" in one_error_line(capsys)
+
+
+def test_merge_refuses_a_newer_schema_and_says_what_it_kept(project: Path, capsys: pytest.CaptureFixture[str]):
+    newer = make_store(project / "newer.sqlite")
+    tamper(newer, "ALTER TABLE cell_runs ADD COLUMN energy_j REAL")
+    assert main(["merge", "merged.sqlite", str(newer)]) == 2
+    assert "newer servematrix" in one_error_line(capsys) and not (project / "merged.sqlite").exists()
+    first = make_store(project / "a.sqlite")
+    second = make_store(project / "b.sqlite", values(verdict="fail:dynamo-untraceable", metrics=None))
+    assert main(["merge", "merged.sqlite", str(first), str(second)]) == 0
+    err = capsys.readouterr().err
+    assert "b.sqlite: 0 new row(s); 1 row(s) the target already held finished were kept as they were" in err
+
+
+def test_report_reads_an_old_store_without_changing_it(project: Path):
+    old = project / "old.sqlite"
+    db = sqlite3.connect(old)
+    db.execute(
+        "CREATE TABLE cell_runs (run_id TEXT, cell_id TEXT, env_id TEXT, engine TEXT, mode TEXT, matrix TEXT,"
+        " axes TEXT, inputs_hash TEXT, status TEXT, verdict TEXT, started_at TEXT, finished_at TEXT)"
+    )
+    with db:
+        db.execute(
+            "INSERT INTO cell_runs VALUES ('r1', 'a', 'env-a', 'transformers', 'static', ?, ?, 'h', 'finished',"
+            " 'pass', ?, ?)",
+            (MATRIX, json.dumps(AXES), T1, T1),
+        )
+    db.close()
+    before = old.read_bytes()
+    old.chmod(0o444)
+    assert main(["report", "--store", str(old), "--out", "site"]) == 0
+    assert old.read_bytes() == before
+    assert sorted(p.name for p in project.iterdir() if p.name.startswith("old")) == ["old.sqlite"]
+
+
+def test_max_jobs_is_capped_at_what_github_takes(capsys: pytest.CaptureFixture[str]):
+    assert main(["plan", str(REPO / MATRIX), "--format", "github", "--max-jobs", "400"]) == 2
+    assert "at most 256" in one_error_line(capsys)
+
+
+def test_a_credential_in_the_slurm_launcher_is_masked_and_its_scripts_private(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: a dry run
+    out = tmp_path / "o"
+    launcher = "env HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz DB_PASS=hunter2hunter2 servematrix"
+    argv = ["submit", str(REPO / MATRIX), "--slurm", "--out", str(out), "--dry-run", "--launcher", launcher,
+            "--sbatch-arg=--export=ALL,GPU_AUTH=zz9plural"]  # fmt: skip
+    assert main(argv) == 0
+    shown = capsys.readouterr()
+    for secret in ("hf_abcdefghijklmnopqrstuvwxyz", "hunter2hunter2", "zz9plural"):
+        assert secret not in shown.out + shown.err
+    scripts = list(out.glob("*.sbatch"))
+    assert scripts and all(p.stat().st_mode & 0o077 == 0 for p in scripts)
+
+
+def test_an_immutable_record_leaves_every_page_as_it_was(project: Path, capsys: pytest.CaptureFixture[str]):
+    """chattr +i refuses even root, which os.access does not tell: the report is tried before it is moved."""
+    chattr = shutil.which("chattr")
+    record = _publish(project)
+    if chattr is None or subprocess.run([chattr, "+i", str(record)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem that has it)")
+    try:
+        docs = project / "docs"
+        before = {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()}
+        store = make_store(project / "t.sqlite", values(cell="b", verdict="fail:dynamo-untraceable", metrics=None))
+        capsys.readouterr()
+        assert main(["report", "--publish", "--store", str(store)]) == 2
+        assert "nothing was written" in one_error_line(capsys)
+        assert {p: p.read_bytes() for p in docs.rglob("*") if p.is_file()} == before
+    finally:
+        subprocess.run([chattr, "-i", str(record)], check=True)
+
+
+def test_a_figure_that_is_not_finite_is_stored_as_null_not_nan(tmp_path: Path):
+    with Store(tmp_path / "s.sqlite") as store:
+        store.record(**values(metrics={**metrics(), "duration_s": float("inf"), "ttft": [float("nan"), 1.0]}))
+        stored = store._db.execute("SELECT metrics FROM cell_runs").fetchone()[0]
+        assert "NaN" not in stored and "Infinity" not in stored
+        assert store.latest()[0]["metrics"]["ttft"] == [None, 1.0]
+
+
+@pytest.mark.parametrize("command", [["report", "--store"], ["report", "--publish", "--store"], ["plan"], ["run"]])
+def test_a_path_of_5000_characters_is_one_line(project: Path, capsys: pytest.CaptureFixture[str], command: list[str]):
+    assert main([*command, "x" * 5000]) == 2
+    one_error_line(capsys)
+
+
+def test_a_gpu_kind_name_with_a_trailing_newline_is_refused_in_the_matrix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    text = (REPO / MATRIX).read_text()
+    assert "[gpu.cpu]" in text
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(text.replace("[gpu.cpu]", '[gpu."cpu\\n"]').replace('gpu = ["cpu"]', 'gpu = ["cpu\\n"]'))
+    assert main(["plan", str(matrix)]) == 2  # the plan took `cpu\n` as a GPU kind: `$` matches before a newline
+    assert "not a valid GPU kind name" in capsys.readouterr().err
