@@ -314,17 +314,18 @@ def _tiny_model_python() -> list[str]:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    from servematrix.classify import classify_file
+    from servematrix.classify import NO_MATCH, match_file
 
     if not args.logfile.is_file():
         raise InputError(f"{args.logfile}: no such log file")
-    result = classify_file(args.logfile, engine=args.engine)
+    found = match_file(args.logfile, engine=args.engine)
     if args.format == "json":
-        print(json.dumps(result, indent=2))
-    elif result["class"] is None:
+        print(json.dumps(found.to_contract() if found is not None else NO_MATCH, indent=2))
+    elif found is None:
         print("no known failure signature matched")
     else:
-        print(f"{result['class']}: {result['title']} (line {result['line']})\n\n{result['excerpt']}")
+        evidence = "".join(f"evidence: {line}\n" for line in found.evidence)
+        print(f"{found.cls}: {found.title} (line {found.line})\n{evidence}\n{found.excerpt}")
     return 0
 
 
