@@ -98,14 +98,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         trust_probe=args.trust_probe,
         model_roots=tuple(args.model_root),
     )
-    for line in preamble(plan, options):
-        _say(line)
     if args.python and args.backend != "existing":
         raise InputError("--python is for --backend existing")
+    for line in preamble(plan, options):
+        _say(line)
+    builds = builds_here(plan, stages)
     backend = select_backend(
-        args.backend, workdir=args.workdir, plan=plan, builds=builds_here(plan, stages), notice=_say, python=args.python
+        args.backend, workdir=args.workdir, plan=plan, builds=builds, notice=_say, python=args.python
     )
-    _say(f"backend: {backend.name}")
+    # Only a run that builds an environment uses its backend: naming one that was never tried would mislead.
+    _say(f"backend: {backend.name}" if builds else "backend: none used (no environment is built on this host)")
     # SIGINT and SIGTERM end the run cleanly (servers stopped, cells marked interrupted, exit 130), even when
     # the harness was started with SIGINT ignored, as a shell's background job is: Python then leaves it so.
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -120,7 +122,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"store {store}",
         file=sys.stderr,
     )
+    for line in next_steps(store, reported=report_table):
+        _say(line)
     return _regression_exit(regressions, args.fail_on_regression)
+
+
+def command_hint(command: str, *args: str) -> str:
+    """How to run a servematrix command from here: `servematrix ...` when that is on PATH, else the nox session
+    that runs it (the README's route, where servematrix lives only in nox's venv)."""
+    import shutil
+
+    if shutil.which("servematrix") is not None:
+        return shlex.join(["servematrix", command, *args])
+    session = NOX_SESSIONS[command]
+    return shlex.join(["nox", "-s", session, *(["--", *args] if args else [])])
+
+
+# The nox session that runs each servematrix command (noxfile.py); `matrix` is the README's first command.
+NOX_SESSIONS = {"run": "matrix", "report": "report", "recommend": "recommend", "plan": "plan", "lock": "lock"}
+
+
+def next_steps(store: Path, *, reported: Path | None) -> list[str]:
+    """What to do with a run's results: where its report is, or how to make one, and how to pick a stack."""
+    from servematrix.report.site import HTML_NAME
+
+    store_args = () if store == DEFAULT_STORE else ("--store", str(store))
+    if reported is not None:
+        report = f"report: {reported.parent / HTML_NAME}"
+    else:
+        report = f"report: `{command_hint('report', *store_args)}` writes {PREVIEW_DIR / HTML_NAME}"
+    return [report, f"which stack to pick: `{command_hint('recommend', '--store', str(store))}`"]
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

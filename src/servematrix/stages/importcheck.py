@@ -63,13 +63,22 @@ def lock_key(lockfile: Path, engine: Engine) -> str:
     return hashlib.sha256(body + wanted).hexdigest()[:16]
 
 
+def _result_path(cache_dir: Path, key: str) -> Path:
+    return Path(cache_dir) / "import" / "results" / f"{key}.json"
+
+
+def is_cached(lockfile: Path, engine: Engine, cache_dir: Path) -> bool:
+    """Whether this lock's check has a stored result, so checking it again installs nothing."""
+    return _result_path(cache_dir, lock_key(lockfile, engine)).is_file()
+
+
 def import_check(
     lockfile: Path, engine: Engine, *, python_version: str, cache_dir: Path, timeout_s: float = 900
 ) -> ImportCheck:
     """Install `lockfile` into a fresh venv and import the engine's entry points there (see module doc)."""
     key = lock_key(lockfile, engine)
     root = Path(cache_dir) / "import"
-    result_path = root / "results" / f"{key}.json"
+    result_path = _result_path(cache_dir, key)
     if result_path.is_file():
         data = json.loads(result_path.read_text(encoding="utf-8"))
         if data.get("schema") == RESULT_SCHEMA:
