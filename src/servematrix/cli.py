@@ -15,7 +15,7 @@ from pathlib import Path
 
 from servematrix.bisection.command import cmd_bisect
 from servematrix.errors import EXIT_BAD_INPUT, InputError
-from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, add_options, validate
+from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, Parser, add_options, validate
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.store import DEFAULT_STORE
 
@@ -24,7 +24,7 @@ TABLE_NAME = "compatibility.md"
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command, with the options servematrix.options declares for it."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="servematrix",
         description="Which torch x SGLang x FlashInfer x CUDA combinations serve your model, how fast, "
         "and why the others crash.",
@@ -235,6 +235,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.from_published and (args.store is not None or args.prune):
         raise InputError("--from-published renders the published results alone: it takes no --store nor --prune")
     out = args.out or (PUBLISHED_SITE if args.publish else PREVIEW_DIR)
+    store = args.store or DEFAULT_STORE
+    if not args.from_published and not store.exists():
+        raise InputError(no_store_yet(store))
     regressions = _write_report(
         args.store,
         out / TABLE_NAME,
@@ -244,6 +247,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         from_published=args.from_published,
     )
     return _regression_exit(regressions, args.fail_on_regression)
+
+
+def no_store_yet(store: Path) -> str:
+    """Why `report` has nothing to report yet, and the two ways to get something: run, or the published results."""
+    from servematrix.pipeline import CPU_SMOKE
+    from servematrix.report.site import HTML_NAME
+
+    return (
+        f"{store}: no such store: nothing has run here yet. Run a matrix first (`{command_hint('run', CPU_SMOKE)}` "
+        f"on any CPU), or read the published results, {PUBLISHED_SITE / HTML_NAME} (rendered again from "
+        f"{PUBLISHED_SITE / RECORD} by `{command_hint('report', '--publish', '--from-published')}`; "
+        "`recommend` reads that record when given no --store)"
+    )
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
