@@ -128,11 +128,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def command_hint(command: str, *args: str) -> str:
-    """How to run a servematrix command from here: `servematrix ...` when that is on PATH, else the nox session
-    that runs it (the README's route, where servematrix lives only in nox's venv)."""
+    """How to run a servematrix command from here: the nox session that runs it when nox ran this one (its venv
+    is on PATH only inside nox: the README's route) or servematrix is not on PATH, else `servematrix ...`."""
     import shutil
 
-    if shutil.which("servematrix") is not None:
+    if "NOX_CURRENT_SESSION" not in os.environ and shutil.which("servematrix") is not None:
         return shlex.join(["servematrix", command, *args])
     session = NOX_SESSIONS[command]
     return shlex.join(["nox", "-s", session, *(["--", *args] if args else [])])

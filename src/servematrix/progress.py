@@ -157,6 +157,8 @@ class RunProgress:
         self._lock = threading.Lock()
         # The stage now running: its cell, name, when it began and the byte counter then.
         self._current: tuple[Cell, str, float, int] | None = None
+        # Between cells (the next one not in a stage yet): since when, and the byte counter then.
+        self._idle: tuple[float, int] | None = None
         self._last_line = self._started
 
     @contextlib.contextmanager
@@ -206,6 +208,7 @@ class RunProgress:
         with self._lock:
             self.done += 1
             self._current = None
+            self._idle = (time.monotonic(), self._safe_downloaded())
         if self._bar is not None:
             self._bar[0].advance(self._bar[1])
         else:
@@ -235,13 +238,28 @@ class RunProgress:
         tick = min(1.0, self.heartbeat_s / 4)
         while not stop.wait(tick):
             current, text = self._current, self.heartbeat_text()
-            if current is None or text is None:
-                continue
             if self._bar is not None:
-                progress, task = self._bar
-                progress.update(task, stage=f"{current[0].id} {current[0].env.version} {current[0].mode}: {text}")
+                if current is not None and text is not None:
+                    progress, task = self._bar
+                    progress.update(task, stage=f"{current[0].id} {current[0].env.version} {current[0].mode}: {text}")
             elif time.monotonic() - self._last_line >= self.heartbeat_s:
-                self.line(current[0], text)
+                if current is not None and text is not None:
+                    self.line(current[0], text)
+                elif self._idle is not None:
+                    self._idle_line(*self._idle)
+
+    def _idle_line(self, since: float, received: int) -> None:
+        """A heartbeat between cells: the next cell is being prepared, no stage of it has begun."""
+        now = time.monotonic()
+        got = max(0, self._safe_downloaded() - received)
+        with self._lock:
+            print(
+                f"[{self.done}/{self.total} {now - self._started:6.0f}s] preparing the next cell: "
+                f"{now - since:.0f}s since the last one finished, {_size(got)} downloaded",
+                file=self.console.file,
+                flush=True,
+            )
+            self._last_line = time.monotonic()
 
     def _safe_downloaded(self) -> int:
         try:

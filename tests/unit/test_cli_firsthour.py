@@ -64,8 +64,12 @@ def test_with_servematrix_on_path_the_hints_name_it(monkeypatch):
     import shutil
 
     monkeypatch.setattr(shutil, "which", lambda name: f"/bin/{name}")
+    monkeypatch.delenv("NOX_CURRENT_SESSION", raising=False)
     assert command_hint("run", "matrix/cpu-smoke.toml") == "servematrix run matrix/cpu-smoke.toml"
     assert command_hint("report") == "servematrix report"
+    # Inside a nox session its venv is on PATH, but not in the shell of the person who ran nox.
+    monkeypatch.setenv("NOX_CURRENT_SESSION", "matrix")
+    assert command_hint("run", "matrix/cpu-smoke.toml") == "nox -s matrix -- matrix/cpu-smoke.toml"
 
 
 def test_a_run_ends_pointing_at_the_report_and_recommend(no_servematrix_on_path, tmp_path):
