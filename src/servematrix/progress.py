@@ -232,7 +232,9 @@ class RunProgress:
             return None
         _cell, name, began, received = current
         got = max(0, self._safe_downloaded() - received)
-        return f"{name} still running: {time.monotonic() - began:.0f}s in this stage, {_size(got)} downloaded"
+        return (
+            f"{name} still running: {time.monotonic() - began:.0f}s in this stage, {_size(got)} downloaded by this host"
+        )
 
     def _beat(self, stop: threading.Event) -> None:
         tick = min(1.0, self.heartbeat_s / 4)
@@ -255,7 +257,7 @@ class RunProgress:
         with self._lock:
             print(
                 f"[{self.done}/{self.total} {now - self._started:6.0f}s] preparing the next cell: "
-                f"{now - since:.0f}s since the last one finished, {_size(got)} downloaded",
+                f"{now - since:.0f}s since the last one finished, {_size(got)} downloaded by this host",
                 file=self.console.file,
                 flush=True,
             )
