@@ -104,7 +104,7 @@ def one_of(name: str, value: str | None, choices: Sequence[str]) -> str | None:
     """A value of an option with choices; any other is an InputError that suggests the closest."""
     if value is not None and value not in choices:
         raise InputError(
-            f"{name} {value!r}: not a choice{did_you_mean(value, choices)} (choices: {', '.join(choices)})"
+            f"{name}: invalid choice: {value!r}{did_you_mean(value, choices)} (choices: {', '.join(choices)})"
         )
     return value
 
