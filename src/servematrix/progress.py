@@ -239,12 +239,14 @@ class RunProgress:
     def _beat(self, stop: threading.Event) -> None:
         tick = min(1.0, self.heartbeat_s / 4)
         while not stop.wait(tick):
-            current, text = self._current, self.heartbeat_text()
+            current = self._current
             if self._bar is not None:
+                text = self.heartbeat_text()
                 if current is not None and text is not None:
                     progress, task = self._bar
                     progress.update(task, stage=f"{current[0].id} {current[0].env.version} {current[0].mode}: {text}")
             elif time.monotonic() - self._last_line >= self.heartbeat_s:
+                text = self.heartbeat_text()
                 if current is not None and text is not None:
                     self.line(current[0], text)
                 elif self._idle is not None:
