@@ -4,7 +4,9 @@ The engine's data names each builder's module (`model_builders`, `module` or `mo
 module is a self-contained script, run by the cell environment's own interpreter as `SCRIPT OUT_DIR --size
 SIZE` (that interpreter has torch and transformers; the harness itself needs neither), and it answers two
 questions the harness asks in-process without importing anything heavy: `is_built(dir, size=)` and
-`not_replaceable(dir)`. A model is built once into the matrix's model path and reused by every cell while
+`not_replaceable(dir)`. A builder that exits with its module's `STACK_IMPORT_EXIT` says the environment's own
+stack did not import (its stderr is that traceback): `StackImportError`, a fact about the stack that the
+runner classifies as the import check does, not a fault of the builder. A model is built once into the matrix's model path and reused by every cell while
 its builder inputs are unchanged.
 
 A built model replaces whatever was at its path before, so the path is held to two rules: it lies inside
@@ -32,6 +34,15 @@ if TYPE_CHECKING:
 
 class ModelBuildError(RuntimeError):
     pass
+
+
+class StackImportError(ModelBuildError):
+    """The cell environment's stack died at import while the builder ran in it (see the module doc)."""
+
+    def __init__(self, message: str, *, output: str, returncode: int) -> None:
+        super().__init__(message)
+        self.output = output  # the builder's stderr: the stack's traceback
+        self.returncode = returncode
 
 
 def builder_entry(engine: Engine, builder: str) -> tuple[str, str]:
@@ -134,6 +145,12 @@ def ensure_model(
         timeout=timeout_s,
         check=False,
     )
+    if done.returncode != 0 and done.returncode == getattr(module, "STACK_IMPORT_EXIT", None):
+        raise StackImportError(
+            f"building {builder} into {target}: the environment's stack did not import",
+            output=done.stderr[-20000:],
+            returncode=done.returncode,
+        )
     if done.returncode != 0 or not module.is_built(target, size=size):
         raise ModelBuildError(f"building {builder} into {target} failed:\n{done.stderr[-2000:]}")
     return target

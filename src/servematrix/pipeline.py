@@ -10,13 +10,12 @@ group, so the next run can reap a server orphaned by a killed harness.
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.engines import Engine, Hooks, PreflightInput, PreflightUnavailable
 from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
-from servematrix.models import ModelBuildError, check_model_path, ensure_model
+from servematrix.models import ModelBuildError, StackImportError, check_model_path, ensure_model
 from servematrix.plan import Plan
 from servematrix.progress import RunProgress, Step, Work, announce, free_disk_gb, print_summary, skip_message, wrap_free
 from servematrix.reaper import reap_orphans
@@ -44,12 +43,10 @@ from servematrix.stages import CPU_STAGES, STAGES, bench, build, importcheck, se
 from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store import DEFAULT_STORE, Store
 from servematrix.store import now as store_now
-from servematrix.util import DEFAULT_WORKDIR
+from servematrix.util import DEFAULT_WORKDIR, log_tail
 from servematrix.verdict import Verdict
 
 CPU_SMOKE = "matrix/cpu-smoke.toml"
-# The project's own servematrix directory: built models may live there even when --workdir is elsewhere.
-PROJECT_DIR = DEFAULT_WORKDIR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +156,7 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
         cache = options.workdir / "cache"
         locks = {env_id: lock_dir / f"{env_id}.lock.txt" for env_id in imports}
         locked = {e for e, lock in locks.items() if lock.is_file()}
-        todo = {e for e in locked if not importcheck.is_cached(locks[e], engine, cache)}
+        todo = {e for e in locked if importcheck.recorded(locks[e], engine, cache_dir=cache) is None}
         check = engine.import_check
         steps.append(
             Step(
@@ -213,7 +210,10 @@ def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console
 
 
 def model_roots(options: RunOptions) -> tuple[Path, ...]:
-    return (options.workdir, PROJECT_DIR, *options.model_roots)
+    """Where a built model may lie: the run's workdir, the default workdir of the directory the run started
+    in (a matrix's relative `model.path`, such as `.servematrix/models/tiny-llama`, is read from there too,
+    whatever --workdir says), and the model roots the user names."""
+    return (options.workdir, Path.cwd() / DEFAULT_WORKDIR, *options.model_roots)
 
 
 def check_inputs(plan: Plan, options: RunOptions) -> None:
@@ -270,6 +270,15 @@ class _EnvState:
 
 
 @dataclass
+class _CellRun:
+    """One cell on its way through the cell stages: what an earlier stage tells a later one."""
+
+    state: _EnvState
+    cell: Cell
+    prediction: Verdict | None = None  # the CPU pre-flights' verdict, checked by serving the cell
+
+
+@dataclass
 class _Runner:
     plan: Plan
     backend: Backend
@@ -279,6 +288,16 @@ class _Runner:
     summary: Summary
     _ceiling: bench.Ceiling | None = None  # the benchmark client's, measured on this host once per run
     _ceiling_tried: bool = False
+    _unavailable_said: set[tuple[str, str]] = field(default_factory=set)  # (pre-flight, reason) said this run
+    host: dict[str, Any] = field(init=False)  # this host's facts, in every row
+    _started: str = field(init=False)  # when the run began: a claim older than this is a dead run's
+    _secret_flags: frozenset[str] = field(init=False)
+    _progress: RunProgress = field(init=False)  # made by run(), once it knows how many cells it runs
+
+    def __post_init__(self) -> None:
+        self.host = hostinfo.host().to_dict()
+        self._started = store_now()
+        self._secret_flags = spec_secret_flags(self.plan.spec)
 
     @property
     def _starts(self) -> int:
@@ -295,10 +314,6 @@ class _Runner:
 
     def run(self) -> None:
         spec = self.plan.spec
-        host = hostinfo.host()
-        self.host = host.to_dict()
-        self._started = store_now()
-        self._secret_flags = spec_secret_flags(spec)
         todo: dict[str, list[Cell]] = {}
         for cell in self.plan.cells:
             if unchanged(self.store, self.plan, cell, self.options):
@@ -331,7 +346,7 @@ class _Runner:
     def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
         """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""
         claim = self.store.claim(
-            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
+            **self._row(cell, state),
             harness_pid=os.getpid(),
             hostname=hostinfo.host().hostname,
             rerun=self.options.rerun,
@@ -344,16 +359,39 @@ class _Runner:
         if claim.unchanged:
             self.summary.skipped_unchanged += 1
             return
+        self._guarded(
+            cell, state, lambda: self._run_cell(state, cell), lambda result: self._record(cell, state, result)
+        )
+
+    def _guarded(
+        self, cell: Cell, state: _EnvState, work: Callable[[], None], on_fault: Callable[[Verdict], None]
+    ) -> None:
+        """The one place where an exception becomes a verdict (as nox's SessionRunner.execute), for a cell or
+        one server start of it: SIGINT and bad input stop the run, the cell's claim ended `interrupted`; any
+        other exception is a verdict (`_verdict_of`) handed to `on_fault`, and the run goes on."""
         try:
-            self._run_cell(state, cell)
+            work()
         except KeyboardInterrupt:
             self._end_claim(cell, "interrupted", "interrupted (SIGINT/SIGTERM)")
             raise
         except InputError:
             self._end_claim(cell, "interrupted", "the run stopped on bad input")
             raise
-        except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
-            self._record(cell, state, verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:
+            on_fault(self._verdict_of(exc, state))
+
+    def _verdict_of(self, exc: Exception, state: _EnvState) -> Verdict:
+        """What an exception says. A model the cell's environment could not build: the stack's failure when
+        the stack itself did not import there (then every cell of the environment shares it), else the
+        harness's. Anything else is the harness's (no free port, a crash of servematrix): retried next run."""
+        if isinstance(exc, ModelBuildError):
+            result = self._model_build_verdict(exc)
+            if result.final:
+                state.ended = result
+            return result
+        if isinstance(exc, ports.NoPortError):
+            return verdict.error("harness", excerpt=f"port: {exc}")
+        return verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
 
     def _more_starts(self, state: _EnvState) -> list[str]:
         """The further server starts of the environment's served cells, interleaved across its modes
@@ -362,7 +400,7 @@ class _Runner:
         for _ in range(1, self._starts):
             for pending in state.pending.values():
                 if pending.starts[-1].result.kind == "pass":
-                    self._serve_again(state, pending)
+                    pending.starts.append(self._start(state, pending.cell))
         for pending in state.pending.values():
             self._finish_served(state, pending.cell, pending.starts, pending.prediction)
         finished = list(state.pending)
@@ -384,37 +422,23 @@ class _Runner:
     def _wants(self, stage: str) -> bool:
         return stage in self.options.stages
 
-    def _base_row(self, cell: Cell, state: _EnvState) -> dict[str, Any]:
-        return {
-            "run_id": self.options.run_id,
-            "cell_id": cell.id,
-            "env_id": cell.env_id,
-            "engine": cell.env.engine,
-            "mode": cell.mode,
-            "matrix": str(self.plan.spec.path),
-            "axes": dict(cell.env.axes),
-            "inputs_hash": self._inputs(cell),
-            "host": self.host,
-            "argv": list(cell.command),
-            "lock_hash": state.built.lock_hash
-            if state.built
-            else (state.resolved.inputs_hash if state.resolved else None),
-            "lock_file": str(state.resolved.lockfile) if state.resolved and state.resolved.lockfile else None,
-            "crossed_pins": state.resolved.crossed if state.resolved else None,
-            "image_digest": state.built.image_digest if state.built else None,
-            "backend": self.backend.name,
-        }
-
-    def _argv_fields(self, argv: Sequence[str]) -> dict[str, Any]:
-        """argv as stored: secret values masked, and which flags were (the reproduce block names them)."""
-        return {
-            "argv": redact_argv(argv, self._secret_flags),
-            "redacted_flags": masked_flags(argv, self._secret_flags),
-        }
+    def _row(self, cell: Cell, state: _EnvState, argv: Sequence[str] | None = None) -> dict[str, Any]:
+        return cell_row(
+            self.plan,
+            cell,
+            run_id=self.options.run_id,
+            inputs=self._inputs(cell),
+            host=self.host,
+            backend=self.backend.name,
+            secret_flags=self._secret_flags,
+            resolved=state.resolved,
+            built=state.built,
+            argv=argv,
+        )
 
     def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
         self.store.record(
-            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
+            **self._row(cell, state),
             verdict=str(result),
             excerpt=result.excerpt,
             evidence=list(result.evidence),
@@ -423,45 +447,56 @@ class _Runner:
         )
         self.summary.verdicts[cell.id] = str(result)
 
-    # -- environment stages ----------------------------------------------------------------------
+    # -- environment stages: run once, shared by every cell of the environment ----------------------
     def _prepare_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
-        if state.ended is not None:
-            return state.ended
-        env, engine = state.env, self.plan.spec.engine
-        if self._wants("resolve") and state.resolved is None:
-            self._stage(cell, "resolve")
-            started = time.monotonic()
-            state.resolved = self._resolve(env)
-            state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
-            if state.resolved.status == "unresolvable":
-                state.ended = Verdict(kind="unresolvable", excerpt=state.resolved.reason)
-            elif state.resolved.status == "error":
-                state.ended = verdict.error("resolve", state.resolved.reason)
-            if state.ended:
-                return state.ended
-        if not gpu_ready(env):
-            if self._wants("import") and "import" in engine.preflight and not state.imported:
-                state.imported = True  # once per environment: its cells share the lock
-                state.ended = self._import_check(state, cell)
-            return state.ended  # GPU stages are skipped per cell below; nothing to build here
-        if self._wants("build") and state.built is None:
-            self._stage(cell, "build")
-            resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
-            build_log = self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log"
-            state.built = build.build(
-                self.backend,
-                env,
-                engine,
-                lockfile=resolved.lockfile if resolved else None,
-                lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
-                log_path=build_log,
-                packages=self.plan.spec.file.packages,
-            )
-            state.stage_seconds["build"] = round(state.built.seconds, 3)
-            if not state.built.ok:
-                state.ended = verdict.build_failed(state.built.excerpt, _tail(build_log))
-                return state.ended
+        """The environment's stages in order (`ENV_STAGES`); the first verdict ends every cell of it."""
+        if state.ended is None:
+            for stage in self.ENV_STAGES:
+                state.ended = stage(self, state, cell)
+                if state.ended is not None:
+                    break
+        return state.ended
+
+    def _resolve_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if not self._wants("resolve") or state.resolved is not None:
+            return None
+        self._stage(cell, "resolve")
+        started = time.monotonic()
+        state.resolved = self._resolve(state.env)
+        state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
+        return verdict.resolve_ended(state.resolved.status, state.resolved.reason)
+
+    def _import_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        """On a host without the environment's GPUs (nothing is built there), the import check, once."""
+        if gpu_ready(state.env) or state.imported:
+            return None
+        if not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
+            return None
+        state.imported = True  # once per environment: its cells share the lock
+        return self._import_check(state, cell)
+
+    def _build_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if not gpu_ready(state.env) or not self._wants("build") or state.built is not None:
+            return None  # GPU stages are skipped per cell on a host without the GPUs
+        self._stage(cell, "build")
+        env = state.env
+        resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
+        build_log = self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log"
+        state.built = build.build(
+            self.backend,
+            env,
+            self.plan.spec.engine,
+            lockfile=resolved.lockfile if resolved else None,
+            lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
+            log_path=build_log,
+            packages=self.plan.spec.file.packages,
+        )
+        state.stage_seconds["build"] = round(state.built.seconds, 3)
+        if not state.built.ok:
+            return verdict.build_failed(state.built.excerpt, log_tail(build_log, 1000))
         return None
+
+    ENV_STAGES = (_resolve_env, _import_env, _build_env)
 
     def _import_check(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """The environment's lock installed on this CPU and imported: a failure predicts every cell's."""
@@ -481,6 +516,11 @@ class _Runner:
         note += f": {checked.evidence}" if checked.evidence else ""
         if checked.outcome == "fail":
             return Verdict(kind="predicted-fail", detail=checked.klass, excerpt=checked.excerpt, evidence=(note,))
+        if checked.outcome == "error":
+            # The check could not run here (an install fault, no interpreter): says nothing about the stack,
+            # and is retried next run rather than left as a final skipped:no-gpu.
+            excerpt = "\n".join(filter(None, (checked.excerpt, checked.evidence)))  # the reason last
+            return Verdict(kind="error", detail="import-check", excerpt=excerpt, evidence=(note,))
         state.notes = (note,)
         return None
 
@@ -490,28 +530,51 @@ class _Runner:
 
     # -- cell stages -----------------------------------------------------------------------------
     def _run_cell(self, state: _EnvState, cell: Cell) -> None:
-        if not cell.applicable:
-            self._record(cell, state, verdict.skipped("not-applicable", excerpt=cell.reason))
-            return
-        ended = self._prepare_env(state, cell)
-        if ended is not None:
-            self._record(cell, state, ended)
-            return
-        prediction = self._probe(state, cell) if self._wants("probe") else None
-        if prediction is not None and prediction.kind == "fail":
-            self._record(cell, state, prediction)  # observed in the wheel: 0 GPU-seconds
-            return
-        if not gpu_ready(state.env) or (prediction is not None and self.options.trust_probe):
-            kind = state.env.gpu
-            skipped = Verdict(
-                kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=state.notes
-            )
-            self._record(cell, state, prediction or skipped)
-            return
-        if not (self._wants("serve") and state.built is not None):
-            self._record(cell, state, verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}"))
-            return
-        self._serve_and_bench(state, cell, prediction)
+        """A cell through its stages in order (`CELL_STAGES`): the first verdict ends the cell and is
+        recorded. The last stage, serving, records its own (more server starts may follow)."""
+        run = _CellRun(state=state, cell=cell)
+        for stage in self.CELL_STAGES:
+            ended = stage(self, run)
+            if ended is not None:
+                self._record(cell, state, ended)
+                return
+
+    def _applicable(self, run: _CellRun) -> Verdict | None:
+        cell = run.cell
+        return None if cell.applicable else verdict.skipped("not-applicable", excerpt=cell.reason)
+
+    def _environment(self, run: _CellRun) -> Verdict | None:
+        return self._prepare_env(run.state, run.cell)
+
+    def _preflights(self, run: _CellRun) -> Verdict | None:
+        if not self._wants("probe"):
+            return None
+        run.prediction = self._probe(run.state, run.cell)
+        if run.prediction is not None and run.prediction.kind == "fail":
+            return run.prediction  # observed in the wheel: 0 GPU-seconds
+        return None
+
+    def _gpus_here(self, run: _CellRun) -> Verdict | None:
+        """A host without the cell's GPUs (or a trusted prediction) ends the cell with what the CPU found."""
+        state = run.state
+        if gpu_ready(state.env) and not (run.prediction is not None and self.options.trust_probe):
+            return None
+        kind = state.env.gpu
+        skipped = Verdict(
+            kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=state.notes
+        )
+        return run.prediction or skipped
+
+    def _serving_asked(self, run: _CellRun) -> Verdict | None:
+        if self._wants("serve") and run.state.built is not None:
+            return None
+        return verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}")
+
+    def _serving(self, run: _CellRun) -> Verdict | None:
+        self._serve_and_bench(run.state, run.cell, run.prediction)
+        return None
+
+    CELL_STAGES = (_applicable, _environment, _preflights, _gpus_here, _serving_asked, _serving)
 
     def _probe(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,
@@ -532,7 +595,7 @@ class _Runner:
                 try:
                     result = check(preflight)
                 except PreflightUnavailable as exc:
-                    self.console.print(f"[yellow]{name} pre-flight of {cell.id} could not run: {exc}[/]")
+                    self._say_unavailable(name, cell, str(exc))
                     continue
                 if result is not None:
                     return result
@@ -540,26 +603,46 @@ class _Runner:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
         return None
 
-    def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
-        try:
-            outcome = self._serve_once(state, cell)
-        except ModelBuildError as exc:
-            self._record(cell, state, verdict.error("model-build", excerpt=str(exc)))
+    def _say_unavailable(self, name: str, cell: Cell, reason: str) -> None:
+        """A pre-flight that cannot run, said once per reason: a host without a package index would
+        otherwise say the same line for every cell."""
+        if (name, reason) in self._unavailable_said:
             return
+        self._unavailable_said.add((name, reason))
+        self.console.print(
+            f"[yellow]{name} pre-flight could not run ({cell.id}, and later cells alike): {reason}[/]", soft_wrap=True
+        )
+
+    def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
+        outcome = self._start(state, cell)
         if self._starts > 1 and outcome.result.kind == "pass":
             # More starts of this cell follow, interleaved with the environment's other modes (run()).
             state.pending[cell.id] = _Pending(cell=cell, prediction=prediction, starts=[outcome])
             return
         self._finish_served(state, cell, [outcome], prediction)
 
-    def _serve_again(self, state: _EnvState, pending: _Pending) -> None:
-        """One more server start of a cell that has passed every start so far."""
-        try:
-            pending.starts.append(self._serve_once(state, pending.cell))
-        except ModelBuildError as exc:
-            pending.starts.append(
-                _Served(result=verdict.error("model-build", excerpt=str(exc)), metrics=None, stage_seconds={})
+    def _start(self, state: _EnvState, cell: Cell) -> _Served:
+        """One server start of the cell; an exception is that start's verdict (`_guarded`)."""
+        served: list[_Served] = []
+
+        def fault(result: Verdict) -> None:
+            served.append(_Served(result=result, metrics=None, stage_seconds=dict(state.stage_seconds)))
+
+        self._guarded(cell, state, lambda: served.append(self._serve_once(state, cell)), fault)
+        return served[0]
+
+    def _model_build_verdict(self, exc: ModelBuildError) -> Verdict:
+        """A model that could not be built in the cell's environment. When the environment's own stack did
+        not import there, that is the stack's failure, classified as the import check classifies one (the
+        server would die at the same import); anything else is the harness's, retried next run."""
+        if isinstance(exc, StackImportError):
+            outcome, klass, deciding = importcheck.import_failure(
+                exc.output, self.plan.spec.engine, returncode=exc.returncode
             )
+            if outcome == "fail":
+                note = f"the stack did not import in this environment (while the model was built in it): {deciding}"
+                return verdict.failed(klass, excerpt=exc.output[-3000:], evidence=(note,))
+        return verdict.error("model-build", excerpt=str(exc))
 
     def _finish_served(
         self, state: _EnvState, cell: Cell, starts: Sequence[_Served], prediction: Verdict | None
@@ -578,7 +661,7 @@ class _Runner:
             # The GPU run checks the CPU prediction; the report tells predictions from observations.
             confirmed = result.kind == "fail" and result.detail == prediction.detail
             evidence.append(f"predicted {prediction.detail}: {'confirmed' if confirmed else 'contradicted'}")
-        metrics = pooled_metrics([s.metrics for s in starts if s.metrics is not None])
+        metrics = bench.pool_starts([s.metrics for s in starts if s.metrics is not None])
         if metrics is not None and self._ceiling is not None:
             metrics["client_ceiling"] = self._ceiling.to_dict()
         self.store.finish(
@@ -593,7 +676,7 @@ class _Runner:
         self.summary.verdicts[cell.id] = str(result)
 
     def _serve_once(self, state: _EnvState, cell: Cell) -> _Served:
-        """Start the cell's server, wait for it, benchmark it, stop it. Raises ModelBuildError."""
+        """Start the cell's server, wait for it, benchmark it, stop it. A fault raises (see `_start`)."""
         spec = self.plan.spec
         assert state.built is not None
         model_dir = self._model_dir(state)
@@ -601,10 +684,7 @@ class _Runner:
         run_id = self.options.run_id
         start = len(state.pending[cell.id].starts) if cell.id in state.pending else 0
         log_path = self.options.workdir / "logs" / run_id / f"{cell.id}{f'.start{start + 1}' if start else ''}.log"
-        try:
-            port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
-        except ports.NoPortError as exc:
-            return _Served(result=verdict.error("harness", excerpt=f"port: {exc}"), metrics=None, stage_seconds={})
+        port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
         planned = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
         # `***` values of secret flags come from the environment (check_inputs made sure they are set).
         argv = fill_secrets(planned, self._secret_flags, os.environ)
@@ -618,10 +698,8 @@ class _Runner:
             launch = LaunchSpec(argv=tuple(self._cpu_split.pin_server(launch.argv)), env=launch.env, owns_listener=True)
         timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
         # The claimed row gets what resolve and build have learnt since (lock, image) and the argv that runs.
-        known = {k: v for k, v in self._base_row(cell, state).items() if k not in ("run_id", "cell_id")}
-        self.store.update(
-            run_id, cell.id, **{**known, **self._argv_fields(argv)}, log_path=str(log_path), harness_pid=os.getpid()
-        )
+        known = {k: v for k, v in self._row(cell, state, argv).items() if k not in ("run_id", "cell_id")}
+        self.store.update(run_id, cell.id, **known, log_path=str(log_path), harness_pid=os.getpid())
 
         def started(pid: int, pgid: int) -> None:
             self.store.update(run_id, cell.id, server_pid=pid, server_pgid=pgid)
@@ -656,14 +734,6 @@ class _Runner:
                     result = verdict.passed()
                 if result.kind == "pass":
                     result = mode_check(spec.engine, cell, log_path)
-        except KeyboardInterrupt:
-            self.store.finish(
-                run_id, cell.id, verdict="interrupted", excerpt="interrupted (SIGINT/SIGTERM)", stages=stage_seconds
-            )
-            self.summary.verdicts[cell.id] = "interrupted"
-            raise
-        except Exception as exc:  # the harness failed, not the stack: keep going, retry next run
-            result = verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
         finally:
             # Killing a `podman run` client only forwards SIGTERM: a hung server would keep its container
             # (and GPUs). Backends that own such resources remove them here.
@@ -681,32 +751,42 @@ class _Runner:
             return doomed, None
         if not smoke.ok:
             return verdict.failed("smoke", excerpt=smoke.reason), None
-        workload = self._workload()
+        workloads = self._workloads()
         if self._ceiling is None and not self._ceiling_tried:
             self._ceiling_tried = True
             self._stage_note("measuring the benchmark client's ceiling on this host (fake server)")
             try:
                 self._ceiling = bench.measure_ceiling(
-                    workload, server_cpus=self._cpu_split.server if self._cpu_split else ()
+                    workloads[-1], server_cpus=self._cpu_split.server if self._cpu_split else ()
                 )
             except (RuntimeError, OSError) as exc:
                 self.console.print(f"[yellow]the client's ceiling could not be measured: {exc}[/]")
-        report = bench.run_workload_sync(server.base_url, model, workload, ceiling=self._ceiling)
-        metrics = report.to_dict()
+        reports = [bench.run_workload_sync(server.base_url, model, w, ceiling=self._ceiling) for w in workloads]
+        # The decode profile's report is the record; another profile's is stored inside it, under its name.
+        metrics = reports[-1].to_dict()
+        metrics.update({r.workload.profile: r.to_dict() for r in reports[:-1]})
         doomed = server.check()
         if doomed is not None:
             return doomed, metrics
-        errors = report.error_count
+        errors = sum(r.error_count for r in reports)
         if errors:
             return verdict.failed("bench-errors", excerpt=f"{errors} request(s) failed"), metrics
         return verdict.passed(), metrics
 
-    def _workload(self) -> bench.Workload:
-        return bench.Workload.from_settings(
-            self.plan.spec.file.bench.model_dump(),
-            ignore_eos=self.plan.spec.engine.supports_ignore_eos,
-            client_cpus=self._cpu_split.client if self._cpu_split else (),
-        )
+    def _workloads(self) -> tuple[bench.Workload, ...]:
+        """What each served cell runs, the decode profile last: first the prefill profile, when a mode of the
+        matrix changes prefill (every cell runs it, the baseline included, so the modes can be compared)."""
+        spec = self.plan.spec
+        settings = spec.file.bench.model_dump()
+        given = {
+            "ignore_eos": spec.engine.supports_ignore_eos,
+            "client_cpus": self._cpu_split.client if self._cpu_split else (),
+        }
+        decode = bench.Workload.from_settings(settings, profile="decode", **given)
+        if not any(spec.engine.phase_of(mode) == "prefill" for mode in spec.file.axes.get("mode", ())):
+            return (decode,)
+        prefill = bench.Workload.from_settings({**settings, **settings["prefill"]}, profile="prefill", **given)
+        return (prefill, decode)
 
     def _stage_note(self, text: str) -> None:
         print(f"servematrix: {text}", file=self.console.file, flush=True)
@@ -727,29 +807,41 @@ class _Runner:
         )
 
 
-def pooled_metrics(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """One benchmark record from several server starts: each level's repeats pooled (each run keeps its
-    start), its spread over all of them; the first start's other fields."""
-    if not reports:
-        return None
-    if len(reports) == 1:
-        return reports[0]
-    pooled = copy.deepcopy(reports[0])
-    pooled["starts"] = len(reports)
-    for level in pooled.get("levels", []):
-        runs = []
-        for start, report in enumerate(reports, 1):
-            same = next((lv for lv in report.get("levels", []) if lv["concurrency"] == level["concurrency"]), None)
-            runs += [{**run, "start": start} for run in (same or {}).get("runs", [])]
-        level["runs"] = runs
-        level["output_tok_s"] = asdict(bench.Spread.of([r["output_tok_s"] for r in runs]))
-        level["request_s"] = asdict(bench.Spread.of([r["request_s"] for r in runs]))
-        level["error_count"] = sum(r.get("error_count", 0) for r in runs)
-        level["completion_tokens"] = sum(r.get("completion_tokens", 0) for r in runs)
-    pooled["error_count"] = sum(lv["error_count"] for lv in pooled.get("levels", []))
-    pooled["completion_tokens"] = sum(lv["completion_tokens"] for lv in pooled.get("levels", []))
-    pooled["client_bound"] = any(r.get("client_bound") for r in reports)
-    return pooled
+def cell_row(
+    plan: Plan,
+    cell: Cell,
+    *,
+    run_id: str,
+    inputs: str,
+    host: dict[str, Any],
+    backend: str | None,
+    secret_flags: frozenset[str],
+    resolved: ResolveOutcome | None = None,
+    built: Built | None = None,
+    argv: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """A cell run's store row, as far as the run knows it: the one builder of rows (the runner's, and the
+    bisection's own probe rows). `argv` is what ran (default: the planned command), stored with secret values
+    masked and the masked flags named (the reproduce block names them)."""
+    shown = cell.command if argv is None else argv
+    return {
+        "run_id": run_id,
+        "cell_id": cell.id,
+        "env_id": cell.env_id,
+        "engine": cell.env.engine,
+        "mode": cell.mode,
+        "matrix": str(plan.spec.path),
+        "axes": dict(cell.env.axes),
+        "inputs_hash": inputs,
+        "host": host,
+        "argv": redact_argv(shown, secret_flags),
+        "redacted_flags": masked_flags(shown, secret_flags),
+        "lock_hash": built.lock_hash if built else (resolved.inputs_hash if resolved else None),
+        "lock_file": str(resolved.lockfile) if resolved and resolved.lockfile else None,
+        "crossed_pins": resolved.crossed if resolved else None,
+        "image_digest": built.image_digest if built else None,
+        "backend": backend,
+    }
 
 
 def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
@@ -758,7 +850,7 @@ def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
     if rule is None:
         return verdict.passed()
     lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if log_path.is_file() else []
-    evidence = ""
+    proof: list[str] = []  # the first applied line decides (it names the backend where the release says it)
     for wanted in rule.applied:
         found = next((line for line in lines if wanted in line), None)
         if found is None:
@@ -767,7 +859,7 @@ def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
                 excerpt=f"no {wanted!r} line in the server log: {engine.name} {cell.env.version} did not run "
                 f"{cell.mode} as asked",
             )
-        evidence = f"{cell.mode} applied: {found.strip()[:300]}"
+        proof.append(found)
     for unwanted in rule.absent:
         found = next((line for line in lines if unwanted in line), None)
         if found is not None:
@@ -775,18 +867,11 @@ def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
                 "mode-not-applied",
                 excerpt=f"{cell.mode} cell, yet the server log says: {found.strip()[:300]}",
             )
-        evidence = f"{cell.mode}: no {unwanted!r} line in the server log"
+    if proof:
+        evidence = f"{cell.mode} applied: {proof[0].strip()[:300]}"
+    else:
+        evidence = f"{cell.mode}: no {' or '.join(repr(u) for u in rule.absent)} line in the server log"
     return Verdict(kind="pass", evidence=(evidence,))
-
-
-def _tail(path: Path, size: int = 65536) -> str:
-    """The end of a log, for classifying a failure whose cause may precede the excerpt."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - size))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def build_argv(plan: Plan, cell: Cell, *, model: str, port: int, host: str) -> tuple[str, ...]:

@@ -83,13 +83,31 @@ class ServerSpec(_Strict):
     secret_flags: list[Annotated[str, Field(pattern=r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")]] = []
 
 
+class PrefillProfileSpec(_Strict):
+    """`[bench.prefill]`: the prefill profile, run for every cell of a matrix that has a mode changing prefill
+    (engine data: `phases`), the baseline included. Long prompts, one output token, low concurrency, so each
+    batch stays inside the token range a prefill graph captures (sglang: up to chunked_prefill_size, 8192 on
+    an H200); judged on TTFT and input tok/s. SGLang's own PRs measure prefill graphs with 1024 tokens in."""
+
+    concurrency: list[Annotated[int, Field(gt=0, le=1024)]] = Field(default=[1, 4], min_length=1)
+    input_len: int = Field(default=1024, gt=0, le=131072)
+    output_len: int = Field(default=1, gt=0, le=16)
+    prompts_per_concurrency: int = Field(default=16, gt=0, le=100_000)
+    warmup: int = Field(default=4, ge=0, le=10_000)
+    repeats: int = Field(default=3, ge=1, le=100)
+    min_level_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
+
+
 class BenchSpec(_Strict):
-    concurrency: list[Annotated[int, Field(gt=0)]] = Field(min_length=1)
-    input_len: int = Field(gt=0)
-    output_len: int = Field(gt=0)
-    prompts_per_concurrency: int = Field(gt=0)
-    warmup: int = Field(default=2, ge=0)
-    repeats: int = Field(default=1, ge=1)
+    # The decode profile (the bench's record itself). Upper bounds: what a run can do in hours, not days; a
+    # value past them is a typo, refused at its line before anything starts (1e9 prompts used to fail after
+    # the server was up; input_len = 1e9 ran out of memory building prompts).
+    concurrency: list[Annotated[int, Field(gt=0, le=1024)]] = Field(min_length=1)
+    input_len: int = Field(gt=0, le=131072)
+    output_len: int = Field(gt=0, le=65536)
+    prompts_per_concurrency: int = Field(gt=0, le=100_000)
+    warmup: int = Field(default=2, ge=0, le=10_000)
+    repeats: int = Field(default=1, ge=1, le=100)
     api: Literal["chat", "completions"] = "chat"
     temperature: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     # Each repeat lasts at least this long at the throughput measured in the warmup (0: prompts_per_concurrency).
@@ -101,6 +119,7 @@ class BenchSpec(_Strict):
     # the server then runs on the rest). Its ceiling is measured on this host before the first cell.
     client_processes: int = Field(default=1, ge=1, le=64)
     client_cpus: int = Field(default=0, ge=0)
+    prefill: PrefillProfileSpec = PrefillProfileSpec()
 
 
 class SpecFile(_Strict):
@@ -199,11 +218,12 @@ def _check_names(source: TomlSource, file: SpecFile) -> None:
 
 
 def _check_bench(source: TomlSource, file: SpecFile) -> None:
-    seen: dict[int, int] = {}
-    for index, level in enumerate(file.bench.concurrency):
-        if level in seen:
-            raise source.error(("bench", "concurrency", index), f"concurrency {level} is listed twice")
-        seen[level] = index
+    for where, levels in ((("bench",), file.bench.concurrency), (("bench", "prefill"), file.bench.prefill.concurrency)):
+        seen: dict[int, int] = {}
+        for index, level in enumerate(levels):
+            if level in seen:
+                raise source.error((*where, "concurrency", index), f"concurrency {level} is listed twice")
+            seen[level] = index
 
 
 def _engine(source: TomlSource, file: SpecFile) -> Engine:

@@ -6,7 +6,10 @@ environment's interpreter can run it as a script::
 
     ENV/bin/python /path/to/tinymodel.py OUT_DIR [--seed N] [--force] [--size tiny|gpu-1b]
 
-``tokenizers``, ``transformers`` and ``torch`` are imported only inside :func:`build`.
+``tokenizers``, ``transformers`` and ``torch`` are imported only inside :func:`build`. When they do not import
+(the environment's own stack is broken, e.g. transformers 5.6.0 with kernels 0.17.2), the script prints that
+traceback alone and exits with :data:`STACK_IMPORT_EXIT`: the failure is the stack's, not the builder's, and
+the harness classifies it as it classifies an import check (servematrix.models).
 
 Determinism:
 
@@ -30,10 +33,13 @@ import os
 import shutil
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
 BUILDER_VERSION = "1"
+# The exit status that says "the environment's stack did not import" (read by servematrix.models).
+STACK_IMPORT_EXIT = 3
 MARKER_NAME = "servematrix-tiny-model.json"
 DEFAULT_SEED = 0
 
@@ -230,6 +236,10 @@ class NotReplaceableError(FileExistsError):
     pass
 
 
+class StackImportError(RuntimeError):
+    """The environment's torch/transformers/tokenizers did not import; the cause is chained."""
+
+
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -284,10 +294,15 @@ def build(
         raise NotReplaceableError(problem)
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import tokenizers
-    import torch
-    import transformers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    try:
+        # Every module the build uses, imported up front: LlamaForCausalLM loads transformers' modeling code,
+        # where a broken stack dies (transformers' hub_kernels with kernels 0.17.2).
+        import tokenizers
+        import torch
+        import transformers
+        from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: F401
+    except Exception as exc:
+        raise StackImportError(f"{type(exc).__name__}: {exc}") from exc
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -376,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     except NotReplaceableError as exc:
         print(f"tinymodel.py: error: {exc}", file=sys.stderr)
         return 2
+    except StackImportError as exc:
+        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)  # the stack's own traceback, alone
+        return STACK_IMPORT_EXIT
     print(json.dumps({"out_dir": str(out), "input_hash": input_hash(args.seed, args.size)}))
     return 0
 

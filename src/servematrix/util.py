@@ -101,7 +101,13 @@ def uv_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "UV_PYTHON_DOWNLOADS": "never", **extra}
 
 
-def log_tail(path: Path, lines: int) -> str:
-    """The last `lines` lines of a text file (a build log), undecodable bytes replaced."""
-    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(text[-lines:])
+def log_tail(path: Path, lines: int, *, max_bytes: int = 65536) -> str:
+    """The last `lines` lines of a text file (a log), read from at most its last `max_bytes` bytes (a log
+    may be large), undecodable bytes replaced; "" when the file cannot be read."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - max_bytes))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

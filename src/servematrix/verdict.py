@@ -116,6 +116,16 @@ def served(result: Verdict, *, harness_picked_port: bool) -> Verdict:
     return result
 
 
+def resolve_ended(status: str, reason: str) -> Verdict | None:
+    """The verdict a resolve outcome ends its environment with: `unresolvable` (the versions cannot be
+    resolved: a fact), `error:resolve` (the index or the day failed: retried), None when it resolved."""
+    if status == "unresolvable":
+        return Verdict(kind="unresolvable", excerpt=reason)
+    if status == "error":
+        return error("resolve", reason)
+    return None
+
+
 def build_failed(excerpt: str, log_tail: str = "") -> Verdict:
     """A failed build: `error:build-network` when an index or registry could not be reached, else `fail:build`."""
     faults = harness_faults()

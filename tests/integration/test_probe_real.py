@@ -217,3 +217,73 @@ def test_a_second_probe_is_served_from_the_cache(probe_cache):
     )
     assert again.cached and again.traceable is first.traceable
     assert time.monotonic() - started < 1.0
+
+
+# ---- one cell per prefill CUDA-graph backend, with each release's own flags (read from its wheel) ----------
+
+ALL_RELEASES = tuple(f"0.5.{n}" for n in range(4, 24))
+PREFILL_MODES = ("baseline", "piecewise", "breakable", "full")
+# What each release offers, from its wheel (notes in the engine data): piecewise 0.5.4-0.5.21, breakable from
+# 0.5.11, a full prefill graph from 0.5.15; prefill graphs can always be switched off.
+OFFERED = {
+    "baseline": lambda v: True,
+    "piecewise": lambda v: v < Version("0.5.22"),
+    "breakable": lambda v: v >= Version("0.5.11"),
+    "full": lambda v: v >= Version("0.5.15"),
+}
+
+
+@pytest.fixture(scope="module")
+def every_surface(wheel_cache) -> dict[str, flagsurface.FlagSurface]:
+    return {v: flagsurface.flag_surface(v, cache_dir=wheel_cache) for v in ALL_RELEASES}
+
+
+@pytest.mark.parametrize("version", ALL_RELEASES)
+def test_plan_gives_one_cell_per_prefill_backend_the_release_offers(every_surface, write_matrix, version):
+    from servematrix.plan import make_plan
+
+    plan = make_plan(
+        write_matrix(
+            f"""
+engine = "sglang"
+[model]
+name = "m"
+path = "/models/m"
+[axes]
+sglang = ["{version}"]
+torch = ["pinned"]
+flashinfer = ["pinned"]
+cuda = ["13.0"]
+gpu = ["h200"]
+mode = {list(PREFILL_MODES)!r}
+[gpu.h200]
+arch = "sm_90"
+count = 1
+[bench]
+concurrency = [1]
+input_len = 8
+output_len = 8
+prompts_per_concurrency = 2
+"""
+        )
+    )
+    surface = every_surface[version]
+    cells = {c.mode: c for c in plan.cells}
+    assert set(cells) == set(PREFILL_MODES)
+    for mode, cell in cells.items():
+        flags = plan.spec.engine.mode_flags_for(mode, version)
+        assert cell.applicable == OFFERED[mode](Version(version)), (mode, cell.reason)
+        if cell.applicable:
+            # The release's own parser takes the mode's flags: every flag exists, every choice is allowed.
+            assert not flagsurface.unknown_flags(flags.args, surface.flags), (mode, flags.args)
+            assert not flagsurface.invalid_choices(list(flags.args), surface.choices), (mode, flags.args)
+            assert all(arg in cell.command for arg in flags.args)
+    backend = surface.choices.get("--cuda-graph-backend-prefill", ())
+    if "breakable" not in backend:
+        assert "--enable-breakable-cuda-graph" in surface.flags or not cells["breakable"].applicable
+    if Version(version) >= Version("0.5.22"):
+        assert "tc_piecewise" not in backend  # piecewise: not applicable, because the wheel rejects it
+    if Version(version) < Version("0.5.11"):
+        assert "--enable-breakable-cuda-graph" not in surface.flags and "breakable" not in backend
+    if Version(version) < Version("0.5.14"):
+        assert "--cuda-graph-backend-prefill" not in surface.flags  # so no full prefill graph either

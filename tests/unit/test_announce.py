@@ -3,6 +3,9 @@ their last finished run), only the stages they will go through, and the costly s
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from servematrix import hostinfo
@@ -82,8 +85,9 @@ def test_a_lock_whose_import_check_is_cached_is_not_counted(monkeypatch, tmp_pat
     key = importcheck.lock_key(first, plan.spec.engine)
     result = tmp_path / "cache" / "import" / "results" / f"{key}.json"
     result.parent.mkdir(parents=True)
-    result.write_text("{}")
-    assert importcheck.is_cached(first, plan.spec.engine, tmp_path / "cache")
+    checked = importcheck.ImportCheck(outcome="pass", evidence="imported sglang")
+    result.write_text(json.dumps({"schema": importcheck.RESULT_SCHEMA, "result": dataclasses.asdict(checked)}))
+    assert importcheck.recorded(first, plan.spec.engine, cache_dir=tmp_path / "cache") is not None
     (step,) = planned_work(plan, options).steps
     assert (step.count, step.maybe) == (len(env_ids) - 1, 0)
 

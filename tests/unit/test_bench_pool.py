@@ -112,8 +112,8 @@ def test_client_bound_is_flagged_near_the_ceiling(fake):
     assert level.client_ceiling_tok_s is None and level.client_headroom is None  # no ceiling given
     # The same measured repeats (their CPU rule set aside) against ceilings above and below 3x the best repeat.
     runs = [dataclasses.replace(r, client_busy=None) for r in level.runs]
-    near = LevelSummary.of(4, runs, ceiling=_ceiling(2 * best))
-    far = LevelSummary.of(4, runs, ceiling=_ceiling(4 * best))
+    near = LevelSummary.of(4, runs, ceiling_tok_s=_ceiling(2 * best).tok_s(4))
+    far = LevelSummary.of(4, runs, ceiling_tok_s=_ceiling(4 * best).tok_s(4))
     assert near.client_bound is True and near.client_headroom == pytest.approx(2.0)
     assert far.client_bound is False and far.client_headroom == pytest.approx(4.0)
     assert LevelSummary.of(4, runs).client_bound is None  # nothing to judge by
@@ -139,7 +139,7 @@ def test_client_bound_is_flagged_when_the_client_was_busy(fake):
     assert LevelSummary.of(4, busy(0.1, 0.5)).client_bound is True  # one saturated repeat is enough
     assert LevelSummary.of(4, busy(0.1, 0.2)).client_bound is False
     # far from the ceiling, but busy: still flagged
-    assert LevelSummary.of(4, busy(0.1, 0.5), ceiling=_ceiling(1e12)).client_bound is True
+    assert LevelSummary.of(4, busy(0.1, 0.5), ceiling_tok_s=1e12).client_bound is True
 
 
 # ------------------------------------------------------------------------------------------ level floor

@@ -14,7 +14,7 @@ import math
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from packaging.version import Version
 from servematrix.backends.venv import VenvBackend
 from servematrix.bisection import NOTE_PREFIX, notes
 from servematrix.bisection import checks as checks_module
-from servematrix.bisection.checks import Checker, CheckOptions, derived_plan, find_target
+from servematrix.bisection.checks import UNDECIDED_KINDS, Checker, CheckOptions, derived_plan, find_target
 from servematrix.bisection.releases import Release, between, fetch_releases, releases_from_files
 from servematrix.bisection.runner import Bisection, Undecided, bisect, record_note
 from servematrix.bisection.search import max_steps, search
@@ -31,6 +31,7 @@ from servematrix.errors import InputError
 from servematrix.pipeline import Summary, inputs_hash
 from servematrix.plan import plan_spec
 from servematrix.spec import load_spec
+from servematrix.stages.importcheck import ImportCheck
 from servematrix.store import Store
 from tests.conftest import REPO
 
@@ -221,9 +222,15 @@ class FakePipeline:
     the stages run), with the verdict `history(version, stage)` gives; raises KeyboardInterrupt (a kill) once it
     has run `kill_after` checks."""
 
-    def __init__(self, history: Callable[[str, str], tuple[str, ...]], kill_after: int | None = None) -> None:
+    def __init__(
+        self,
+        history: Callable[[str, str], tuple[str, ...]],
+        kill_after: int | None = None,
+        no_import_result: Collection[str] = (),
+    ) -> None:
         self.history = history
         self.kill_after = kill_after
+        self.no_import_result = no_import_result  # versions whose import check leaves no result for the lock
         self.calls: list[tuple[str, str]] = []
         self.reruns: list[bool] = []
 
@@ -235,6 +242,14 @@ class FakePipeline:
         self.calls.append((version, stage))
         result, excerpt, *notes = self.history(version, stage)
         self.reruns.append(options.rerun)
+        # What resolve and the import check leave behind: the lock, and the check's record of it.
+        lock = Path(options.lock_dir) / f"{plan.cells[0].env_id}.lock.txt"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.write_text(f"kernels=={version}\n")
+        if stage == "import" and version not in self.no_import_result and not result.startswith(UNDECIDED_KINDS):
+            outcome = "pass" if result.startswith("skipped:") else "fail"
+            records = _fake_import_records(options.workdir / "cache")
+            records.write_text(json.dumps({**_read_records(records), str(lock): outcome}))
         with Store(options.store) as store:
             for cell in plan.cells:
                 store.record(
@@ -249,8 +264,24 @@ class FakePipeline:
                     verdict=result,
                     excerpt=excerpt,
                     evidence=notes or (["import check: pass: imported sglang"] if result == "skipped:no-gpu" else []),
+                    lock_file=str(lock),
                 )
         return Summary(run_id=options.run_id)
+
+    @staticmethod
+    def recorded(lockfile: Path, engine, *, cache_dir: Path) -> ImportCheck | None:
+        """Stands in for importcheck.recorded: the fake import check's record of a lock."""
+        outcome = _read_records(_fake_import_records(cache_dir)).get(str(lockfile))
+        return ImportCheck(outcome=outcome, cached=True) if outcome else None
+
+
+def _fake_import_records(cache_dir: Path) -> Path:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return cache_dir / "fake-import-records.json"
+
+
+def _read_records(path: Path) -> dict[str, str]:
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def kernels_history(
@@ -279,6 +310,7 @@ def run_bisection(
     matrix: Path, tmp_path: Path, monkeypatch, pipeline: FakePipeline, *, good: str = "0.14.1", bad: str = "0.17.2"
 ) -> Bisection:
     monkeypatch.setattr(checks_module, "run_plan", pipeline)
+    monkeypatch.setattr(checks_module.importcheck, "recorded", pipeline.recorded)
     target = find_target(load_spec(matrix), [], "kernels")
     options = CheckOptions(store=tmp_path / "results.sqlite", workdir=tmp_path / "work", lock_dir=tmp_path / "locks")
     checker = Checker(target, options, lambda plan, stages: VenvBackend(tmp_path / "envs"))
@@ -349,22 +381,36 @@ def test_a_killed_bisection_resumes_with_the_verdicts_it_stored(matrix, tmp_path
 
 
 def test_an_import_check_that_failed_to_install_is_skipped_then_run_again_on_resume(matrix, tmp_path, monkeypatch):
-    # The pipeline stores a cell whose import check hit an install fault as skipped:no-gpu (final), with a note.
+    # The pipeline stores a cell whose import check hit an install fault as error:import-check (retried).
     faults = {"0.16.1"}
     works = kernels_history("0.16.0")
 
     def history(version: str, stage: str) -> tuple[str, ...]:
         if stage == "import" and version in faults:
-            return "skipped:no-gpu", "needs 1x sm_999", "import check: error install: `uv pip install` failed: reset"
+            return "error:import-check", "`uv pip install` failed: reset"
         return works(version, stage)
 
     first = run_bisection(matrix, tmp_path, monkeypatch, FakePipeline(history))
     assert first.labels["0.16.1"] == "skip" and first.first_bad == "0.16.0"
+    assert "`uv pip install` failed: reset" in first.at_stage("0.16.1").undecided
     faults.clear()  # the index answers again
     resumed = FakePipeline(history)
     again = run_bisection(matrix, tmp_path, monkeypatch, resumed)
-    assert resumed.calls == [("0.16.1", "import")] and resumed.reruns == [True]
+    assert resumed.calls == [("0.16.1", "import")]  # an error is not final: the pipeline runs it again
     assert again.labels["0.16.1"] == "bad" and again.first_bad == "0.16.0"
+
+
+def test_a_stored_skip_whose_lock_has_no_import_result_is_run_again(matrix, tmp_path, monkeypatch):
+    # A store written before import faults became errors: skipped:no-gpu, final, and the import check has no
+    # record of the lock. Asked of the import check itself, the cell decided nothing; it runs again.
+    history = kernels_history("0.16.2")
+    first = run_bisection(matrix, tmp_path, monkeypatch, FakePipeline(history, no_import_result={"0.16.1"}))
+    assert first.labels["0.16.1"] == "skip" and first.first_bad == "0.16.2"
+    assert first.at_stage("0.16.1").undecided.startswith(checks_module.NO_IMPORT_RESULT)
+    resumed = FakePipeline(history)
+    again = run_bisection(matrix, tmp_path, monkeypatch, resumed)
+    assert resumed.calls[0] == ("0.16.1", "import") and resumed.reruns[0] is True
+    assert again.labels["0.16.1"] == "good" and again.first_bad == "0.16.2"
 
 
 def test_a_newer_good_release_finds_the_fix(matrix, tmp_path, monkeypatch):
@@ -458,7 +504,7 @@ def test_the_note_reaches_the_failure_page_of_its_class(matrix, tmp_path, monkey
             ["matrix/h200-smoke.toml", "--axis", "flashinfer", "--probe-entry", "custom-op", "--stage", "import"],
             "not --stage import",
         ),
-        (["matrix/cpu-smoke.toml", "--axis", "torch", "--probe-entry", "custom-op"], "has no trace probe"),
+        (["matrix/cpu-smoke.toml", "--axis", "torch", "--probe-entry", "custom-op"], "has no entry probe"),
         (["matrix/nothing.toml", "--axis", "kernels"], "matrix/nothing.toml: no such matrix file"),
         (["matrix/h200-smoke.toml", "--axis", "kernels", "--select", "sglang=0.5.99"], "sglang"),
     ],
@@ -476,3 +522,30 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and lines[0].startswith("servematrix: error: "), done.stderr
     assert message in lines[0]
     assert "Traceback" not in done.stderr
+
+
+def test_an_entry_probe_row_is_built_by_the_pipelines_row_builder(tmp_path, monkeypatch):
+    # The probe itself (a torch+flashinfer venv, minutes) is replaced by its answer; resolve reads the
+    # committed lock; the row is the real one the checker stores.
+    from servematrix.engines.sglang import traceprobe
+
+    def probed(**kw):
+        return traceprobe.ProbeResult(
+            traceable=False, entry=kw["entry"], torch=kw["torch_version"], flashinfer=kw["flashinfer_version"],
+            arch=kw["arch"], evidence="Unsupported: Attempted to call function marked as skipped", seconds=0.1,
+            cached=False, error="",
+        )  # fmt: skip
+
+    monkeypatch.setattr(traceprobe, "trace_probe", probed)
+    spec = load_spec(REPO / "matrix" / "h200-smoke.toml")
+    target = find_target(spec, ["kernels=0.14.1", "mode=piecewise"], "flashinfer")
+    options = CheckOptions(
+        store=tmp_path / "s.sqlite", workdir=tmp_path / "work", lock_dir=REPO / "matrix" / "locks", probe_entry="plain"
+    )
+    checker = Checker(target, options, lambda plan, stages: VenvBackend(tmp_path / "envs"))
+    check = checker.check(target.env.axes["flashinfer"], "probe")
+    assert [c.verdict for c in check.cells] == ["predicted-fail:dynamo-untraceable"]
+    with Store(tmp_path / "s.sqlite") as store:
+        (row,) = store.all_rows()
+    assert row["backend"] == "venv" and row["redacted_flags"] == [] and row["image_digest"] is None
+    assert row["lock_file"] and row["evidence"][0].startswith("probe: plain on torch ")

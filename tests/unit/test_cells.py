@@ -169,7 +169,7 @@ def test_github_matrix_groups_modes_and_respects_max_jobs():
             modes = {}
             for c in part.cells:
                 modes.setdefault(c.env_id, set()).add(c.mode)
-            assert all(m == {"baseline", "piecewise"} for m in modes.values())
+            assert all(m == {"baseline", "piecewise", "breakable", "full"} for m in modes.values())  # one job per env
     b200 = [j for j in github_matrix(plan)["include"] if j["gpu"] == "b200"]
     assert b200[0]["runs-on"] == ["self-hosted", "linux", "x64", "gpu-b200x8"]
     assert b200[0]["timeout-minutes"] == 150

@@ -261,7 +261,7 @@ def test_the_run_jobs_cover_every_cell_once_with_both_modes_of_an_environment_to
         modes: dict[str, set[str]] = {}
         for cell in cells:
             modes.setdefault(cell.env_id, set()).add(cell.mode)
-        want = {"piecewise"} if select else {"baseline", "piecewise"}
+        want = {"piecewise"} if select else {"baseline", "piecewise", "breakable", "full"}
         assert all(m == want for m in modes.values())
         seen += [c.id for c in cells]
     assert sorted(seen) == sorted(c.id for c in full.cells)

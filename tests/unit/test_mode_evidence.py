@@ -69,10 +69,70 @@ def test_a_baseline_cell_that_captured_piecewise_does_not_pass(cells):
 
 
 def test_where_the_data_has_no_evidence_rule_nothing_is_claimed(cells, tmp_path):
-    # 0.5.23 has no piecewise (not applicable); its baseline still must not capture piecewise.
+    # 0.5.23 has no piecewise (not applicable); a transformers mode has no evidence rule at all.
     assert SGLANG.evidence_for("piecewise", "0.5.23") is None
     assert load_engine("transformers").evidence_for("static", "5.24.0") is None
+
+
+def test_a_baseline_must_say_that_prefill_graphs_are_off(cells, tmp_path):
+    # From 0.5.14 no release prints "Capture piecewise CUDA graph end", so its absence proved nothing: the
+    # baseline needs its own "disabled" line, and no prefill capture line.
     empty = tmp_path / "empty.log"
     empty.write_text("")
     result = mode_check(SGLANG, cells["0.5.23", "baseline"], empty)
-    assert str(result) == "pass" and "no 'Capture piecewise CUDA graph end' line" in result.evidence[0]
+    assert str(result) == "fail:mode-not-applied" and "prefill.backend='disabled'" in result.excerpt
+
+
+# Fixtures formatted from each release's own log calls (their `# fixture:` header lines name the call and
+# quote it, so they are dropped before matching): sglang-<release>-<backend>-capture.log.
+BACKEND_MODE = {"tc_piecewise": "piecewise", "piecewise": "piecewise", "breakable": "breakable", "full": "full",
+                "disabled": "baseline"}  # fmt: skip
+WHEEL_FIXTURES = sorted(LOGS.glob("sglang-*-capture.log"))
+# The real H200 logs of sglang 0.5.12 (piecewise and baseline), as (release, mode, log).
+REAL_LOGS = [("0.5.12", "piecewise", LOGS / "h200-sglang-0.5.12-piecewise-server.log"),
+             ("0.5.12", "baseline", LOGS / "h200-sglang-0.5.12-baseline-server.log")]  # fmt: skip
+CASES = [(p.name.split("-")[1], BACKEND_MODE[p.name.split("-")[2]], p) for p in WHEEL_FIXTURES] + REAL_LOGS
+ALL_MODES = ("baseline", "piecewise", "breakable", "full")
+
+
+def _release_cells(write_matrix, version):
+    plan = make_plan(write_matrix(MATRIX.replace('["0.5.12", "0.5.23"]', f'["{version}"]').replace(
+        'mode = ["baseline", "piecewise"]', f"mode = {list(ALL_MODES)!r}")))  # fmt: skip
+    return {c.mode: c for c in plan.cells if c.applicable}
+
+
+def test_every_release_range_has_a_wheel_fixture_for_each_of_its_modes():
+    covered = {(version, mode) for version, mode, _ in CASES}
+    for version, mode in covered:
+        assert SGLANG.mode_flags_for(mode, version).applicable, (version, mode)
+    # each evidence rule of the data is exercised by at least one fixture in its range
+    from packaging.version import Version
+
+    for rule in SGLANG.mode_evidence:
+        if rule.mode == "baseline" and rule.versions == ">=0.5.4,<0.5.10":
+            continue  # nothing is logged then: absence is the proof, covered by the piecewise fixtures
+        assert any(m == rule.mode and rule.contains(Version(v)) for v, m in covered), rule
+
+
+@pytest.mark.parametrize(("version", "expected", "fixture"), CASES, ids=[p.name for _, _, p in CASES])
+def test_a_log_proves_its_own_mode_and_no_other(write_matrix, tmp_path, version, expected, fixture):
+    log = tmp_path / "server.log"
+    log.write_text("".join(line for line in fixture.open() if not line.startswith("# fixture:")))
+    cells = _release_cells(write_matrix, version)
+    assert expected in cells
+    for mode, cell in cells.items():
+        result = mode_check(SGLANG, cell, log)
+        if mode == expected:
+            assert str(result) == "pass", (mode, result.excerpt)
+        else:
+            assert str(result) == "fail:mode-not-applied", (mode, version)
+
+
+def test_a_breakable_cell_that_fell_back_to_eager_does_not_pass(write_matrix, tmp_path):
+    # 0.5.12 BCG may fall back to eager after the gate and still print the piecewise end line.
+    fixture = LOGS / "sglang-0.5.11-breakable-capture.log"
+    text = "".join(line for line in fixture.open() if not line.startswith("# fixture:"))
+    log = tmp_path / "server.log"
+    log.write_text(text + "[BCG] Could not resolve inner layer_model on LlamaForCausalLM. BCG is disabled\n")
+    result = mode_check(SGLANG, _release_cells(write_matrix, "0.5.12")["breakable"], log)
+    assert str(result) == "fail:mode-not-applied" and "Could not resolve" in result.excerpt

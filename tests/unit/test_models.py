@@ -13,8 +13,9 @@ from servematrix import tinymodel
 from servematrix.cli import main
 from servematrix.engines import load_engine
 from servematrix.errors import InputError
-from servematrix.models import check_model_path, ensure_model, inside
+from servematrix.models import ModelBuildError, StackImportError, check_model_path, ensure_model, inside
 from servematrix.spec import load_spec
+from servematrix.stages.importcheck import import_failure
 from tests.conftest import MATRIX
 
 
@@ -116,3 +117,26 @@ def test_a_model_path_holding_someone_elses_files_is_bad_input_before_anything_r
     with pytest.raises(InputError, match=r"m.toml:\d+: model.path: .*not built by servematrix"):
         check_model_path(spec, (Path(".servematrix"),))
     assert (notes / "todo.txt").exists()
+
+
+def test_a_stack_that_does_not_import_in_the_builder_is_the_stacks_failure(tmp_path):
+    # The harness's own interpreter has no torch: the builder's imports die there as a broken stack's would.
+    engine = load_engine("transformers")
+    with pytest.raises(StackImportError) as caught:
+        ensure_model(tmp_path / "m", builder="tiny-llama", engine=engine, python=lambda visible: [sys.executable])
+    assert caught.value.returncode == tinymodel.STACK_IMPORT_EXIT
+    assert caught.value.output.startswith("Traceback (most recent call last)")  # the stack's traceback alone
+    assert import_failure(caught.value.output, engine, returncode=caught.value.returncode)[:2] == (
+        "fail",
+        "missing-module",
+    )
+    assert not (tmp_path / "m").exists()
+
+
+def test_any_other_builder_failure_is_not_blamed_on_the_stack(tmp_path):
+    def python(visible):
+        return [sys.executable, "-c", "import sys; sys.exit('the builder fell over')"]
+
+    with pytest.raises(ModelBuildError) as caught:
+        ensure_model(tmp_path / "m", builder="tiny-llama", engine=load_engine("transformers"), python=python)
+    assert not isinstance(caught.value, StackImportError) and "the builder fell over" in str(caught.value)

@@ -4,7 +4,9 @@ cannot run, or that has a bug, does to it."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import sys
 
 import pytest
 from rich.console import Console
@@ -52,12 +54,14 @@ def test_a_preflight_failure_ends_its_cell_and_the_others_are_served(toy):
 
 def test_a_preflight_that_cannot_run_here_predicts_nothing_and_says_so(toy, monkeypatch):
     def unavailable(inp):
-        raise PreflightUnavailable("the wheel could not be downloaded")
+        raise PreflightUnavailable(f"the wheel of {inp.cell.env.version} could not be downloaded")
 
     monkeypatch.setitem(toy_engine.PREFLIGHTS, "context-limit", unavailable)
     verdicts, said = toy()
     assert set(verdicts.values()) == {"pass"}  # the serving stages decided
-    assert said.count("context-limit pre-flight of") == 4 and "the wheel could not be downloaded" in said
+    # Each reason once (two versions, four cells), on one line.
+    lines = [line for line in said.splitlines() if "context-limit pre-flight could not run" in line]
+    assert len(lines) == 2 and [("1.4" in lines[0]), ("2.1" in lines[1])] == [True, True]
 
 
 def test_a_bug_in_a_preflight_is_a_harness_error_not_a_silent_pass(toy, monkeypatch):
@@ -93,3 +97,45 @@ def test_a_mode_the_version_does_not_have_is_skipped_with_the_engines_reason(toy
     with Store(tmp_path / "s.sqlite") as store:
         row = next(r for r in store.all_rows() if r["mode"] == "long")
     assert row["excerpt"] == "toyserve has no long context before 1.0"
+
+
+class _StreamingBackend(FakeBackend):
+    """The fake backend, serving the fake streaming server (servematrix.stages.bench_fake) so the bench runs."""
+
+    def launch(self, built, argv, env, port, *, model_dir):
+        spec = super().launch(built, argv, env, port, model_dir=model_dir)
+        return dataclasses.replace(
+            spec, argv=(sys.executable, "-m", "servematrix.stages.bench_fake", "--port", str(port))
+        )
+
+
+def test_a_mode_that_changes_prefill_makes_every_cell_run_the_prefill_profile(monkeypatch, tmp_path):
+    # The toy engine with its `long` mode declared a prefill feature: every served cell (the other mode too,
+    # which it is compared with) runs [bench.prefill] before the decode profile, and both are stored.
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    data = (TOY_ENGINES / "toyserve.toml").read_text()
+    (engines / "toyserve.toml").write_text(
+        data.replace("[requirements]", '[phases]\nlong = "prefill"\n\n[requirements]')
+    )
+    monkeypatch.setenv(ENGINES_PATH_ENV, f"{engines}:{TOY_ENGINES}")
+    matrix = tmp_path / "toy.toml"
+    matrix.write_text(
+        TOY_MATRIX.replace('toyserve = ["1.4", "2.1"]', 'toyserve = ["2.1"]')
+        + "[bench.prefill]\nconcurrency = [1, 2]\ninput_len = 64\nprompts_per_concurrency = 2\nwarmup = 0\nrepeats = 2\n"
+    )
+    plan = make_plan(matrix)
+    options = RunOptions(stages=("build", "serve", "bench"), store=tmp_path / "s.sqlite", workdir=tmp_path / "w")
+    summary = run_plan(plan, _StreamingBackend(tmp_path), options, console=Console(file=io.StringIO()))
+    assert set(summary.verdicts.values()) == {"pass"}
+    with Store(tmp_path / "s.sqlite") as store:
+        rows = store.latest()
+    assert {r["mode"] for r in rows} == {"short", "long"}
+    for row in rows:
+        metrics = row["metrics"]
+        assert metrics["workload"]["profile"] == "decode" and [lv["concurrency"] for lv in metrics["levels"]] == [1]
+        prefill = metrics["prefill"]
+        assert prefill["workload"]["profile"] == "prefill" and prefill["workload"]["input_len"] == 64
+        assert prefill["workload"]["output_len"] == 1
+        assert [lv["concurrency"] for lv in prefill["levels"]] == [1, 2]
+        assert all(run["ttft"]["mean"] > 0 and run["input_tok_s"] > 0 for lv in prefill["levels"] for run in lv["runs"])

@@ -89,6 +89,32 @@ def test_a_harness_exception_is_an_error_the_run_survives(tmp_path, matrix):
     assert set(second.verdicts.values()) == {"pass"} and len(second.verdicts) == 4
 
 
+class LaunchFallsOver(FakeBackend):
+    """A launch that raises on the cells' second server start: the fault of one start, mid-cell."""
+
+    def __init__(self, root, **kw):
+        super().__init__(root, **kw)
+        self.launched = 0
+
+    def launch(self, built, argv, env, port, *, model_dir):
+        self.launched += 1
+        if self.launched > 2:  # the two modes' first starts pass; every second start falls over
+            raise RuntimeError("the launcher fell over")
+        return super().launch(built, argv, env, port, model_dir=model_dir)
+
+
+def test_an_exception_in_a_later_server_start_ends_that_cell_as_a_harness_error(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text(MATRIX.format(server="").replace("[bench]", "[bench]\nstarts = 2"))
+    first, _ = _run(path, tmp_path, LaunchFallsOver(tmp_path), select=["transformers=5.24.0"])
+    assert set(first.verdicts.values()) == {"error:harness"} and len(first.verdicts) == 2
+    with Store(tmp_path / "s.sqlite") as store:
+        rows = store.all_rows()
+    assert {r["status"] for r in rows} == {"finished"}  # no row left running
+    assert all("the launcher fell over" in r["excerpt"] for r in rows)
+    assert all(any("failed at start 2" in e for e in r["evidence"]) for r in rows)
+
+
 def _rows_excerpts(tmp_path) -> str:
     with Store(tmp_path / "s.sqlite") as store:
         return "\n".join(r["excerpt"] or "" for r in store.all_rows())

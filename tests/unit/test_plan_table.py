@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -57,18 +58,20 @@ def test_the_product_matrix_is_one_line_per_cell_at_80_columns():
         words = line.split()
         assert words[0] == cell["id"]
         assert cell["mode"] in words and cell["axes"]["gpu"] in words and cell["axes"]["sglang"] in words
-        assert words[-1] == ("yes" if cell["applicable"] else "[1]")
+        assert words[-1] == "yes" if cell["applicable"] else re.fullmatch(r"\[\d\]", words[-1])
     # Fewer lines than the old table's 2,911 by far: the rows, a title, a header, a rule and the notes.
-    assert len(lines) <= len(cells) + 10
+    assert len(lines) <= len(cells) + 16
 
 
 def test_reasons_and_pins_are_notes_not_columns():
     out = _plan_at_80_columns(str(GLM5))
-    (reason,) = {c["reason"] for c in _cells(str(GLM5)) if not c["applicable"]}
+    reasons = sorted({c["reason"] for c in _cells(str(GLM5)) if not c["applicable"]})
+    assert len(reasons) == 3  # breakable before 0.5.11, full before 0.5.15, piecewise from 0.5.22
     assert "no [1]" in out
     # A note may fold at 80 columns but keeps every word.
     notes = " ".join(out.split("[1] not applicable: ", 1)[1].split())
-    assert notes.startswith(reason)
+    for reason in reasons:
+        assert reason in notes
     assert "* pinned by the sglang release" in out
 
 

@@ -27,10 +27,10 @@ def _error(*select: str) -> str:
 @pytest.mark.parametrize(
     ("select", "typo", "suggested", "known"),
     [
-        ("mode=piecewize", "'piecewize'", "'piecewise'", "baseline, piecewise"),
+        ("mode=piecewize", "'piecewize'", "'piecewise'", "baseline, breakable, full, piecewise"),
         ("gpu=b300", "'b300'", "'b200'", "b200, rtx-pro-6000"),
         ("gpu=b200|rtx-pro-600", "'rtx-pro-600'", "'rtx-pro-6000'", "b200, rtx-pro-6000"),
-        ("mode!=basline", "'basline'", "'baseline'", "baseline, piecewise"),
+        ("mode!=basline", "'basline'", "'baseline'", "baseline, breakable, full, piecewise"),
         ("sglang=0.5.19", "'0.5.19'", "'0.5.9'", "0.5.6, 0.5.9, 0.5.10, 0.5.12, 0.5.14, 0.5.17, 0.5.23"),
     ],
 )
@@ -80,7 +80,7 @@ def test_an_id_prefix_that_names_nothing_is_an_error(select, what):
 
 def test_an_id_prefix_among_options_that_names_nothing_is_an_error():
     env = make_plan(GLM5).cells[0].env_id
-    assert len(make_plan(GLM5, [f"env={env[:8]}"]).cells) == 2
+    assert len(make_plan(GLM5, [f"env={env[:8]}"]).cells) == 4  # the four modes of one environment
     assert "no environment id starts with 'zz'" in _error(f"env={env[:8]}|zz")
 
 

@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from servematrix.classify import load_signatures
+from servematrix.engines import load_engine
 from servematrix.report import markdown
-from servematrix.report.plots import SQUARE_STYLES, speedup_heatmap, throughput_plot, write_plots
+from servematrix.report.plots import SQUARE_STYLES, speedup_heatmaps, throughput_plot, write_plots
 from servematrix.report.regressions import load_export, published_rows
+from servematrix.report.rows import comparison
 from servematrix.report.site import build_report, failure_classes, prediction, render_html
 from servematrix.store import Row
 from tests.conftest import REPO
@@ -45,6 +47,22 @@ def metrics(*levels: tuple[int, float, float, float]) -> dict[str, Any]:
             for c, lo, med, hi in levels
         ],
     }
+
+
+def with_prefill(record: dict[str, Any], ttft_s: tuple[float, float], input_len: int = 1024) -> dict[str, Any]:
+    """A record with a prefill profile at one stream: two repeats whose mean TTFT are `ttft_s`."""
+    runs = [{"repeat": i, "ttft": {"mean": t}, "input_tok_s": input_len / t} for i, t in enumerate(ttft_s)]
+    prefill = {
+        "workload": {"input_len": input_len, "output_len": 1},
+        "levels": [
+            {
+                "concurrency": 1,
+                "runs": runs,
+                "ttft_mean_s": {"min": min(ttft_s), "median": sum(ttft_s) / 2, "max": max(ttft_s)},
+            }
+        ],
+    }
+    return {**record, "prefill": prefill}
 
 
 def row(
@@ -110,9 +128,9 @@ def sglang_rows() -> list[Row]:
         row("b2", sglang="0.5.9", flashinfer="0.6.12", mode="piecewise", verdict="predicted-fail:dynamo-untraceable",
             excerpt="probe: fp4_quantize does not trace under torch 2.9.1 + flashinfer 0.6.12"),
         row("c1", sglang="0.5.12", flashinfer="pinned", mode="baseline", verdict="pass",
-            tok=metrics((1, 100, 110, 120), (64, 2000, 2100, 2200))),
+            tok=with_prefill(metrics((1, 100, 110, 120), (64, 2000, 2100, 2200)), (0.050, 0.052))),
         row("c2", sglang="0.5.12", flashinfer="pinned", mode="piecewise", verdict="pass",
-            tok=metrics((1, 120, 130, 140), (64, 2400, 2520, 2600))),
+            tok=with_prefill(metrics((1, 120, 130, 140), (64, 2400, 2520, 2600)), (0.040, 0.041))),
         # 0.5.12 with flashinfer 0.6.12 was not run: the heatmap must show a gap, not crash.
         row("d1", sglang="0.5.12", flashinfer="pinned", mode="baseline", verdict="skipped:no-gpu", gpu="rtx-pro-6000",
             excerpt="needs 8x sm_120"),
@@ -174,7 +192,11 @@ def test_markdown_links_each_failed_cell_to_its_class_page(tmp_path: Path):
     # Environments in version order: 0.5.9 before 0.5.12, pinned before 0.6.12.
     order = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| 0.5.")]
     assert order == ["0.5.9", "0.5.9", "0.5.12", "0.5.12"]
-    assert "**1.20×** @64" in text  # 2520 / 2100
+    # piecewise changes prefill: judged on TTFT at one stream (0.051 / 0.0405 s), its range over the repeat
+    # pairs; the decode figures beside it.
+    assert "**1.26×** TTFT @1, 1024 in (1.22–1.30, conclusive)" in text
+    assert "1.19× decode tok/s @64 (1.09–1.30, conclusive)" in text  # medians of the repeats: 2500 / 2100
+    assert "piecewise / baseline: TTFT @1, 1024 in" in text and "baseline TTFT ms @1, 1024 in" in text
 
 
 def test_plain_markdown_write_is_unchanged(tmp_path: Path):
@@ -245,7 +267,7 @@ def test_html_is_self_contained_and_carries_every_cell(tmp_path: Path):
         "8× NVIDIA B200 · driver 580.65",
     ):
         assert text in html, text
-    assert "1.20×" in html
+    assert "1.26×" in html and "TTFT @1, 1024 in (1.22–1.30, conclusive)" in html
     # Predicted against observed.
     predicted = re.search(r'<span class="pred pred-predicted"[^>]*>\s*(.*?)\s*</span>', html, re.S)
     assert predicted and re.sub(r"\s+", " ", predicted.group(1)) == "<code>fail:dynamo-untraceable</code> / not run"
@@ -281,10 +303,11 @@ def _svg_texts(path: Path) -> list[str]:
 
 
 def test_heatmap_marks_failed_missing_and_measured_squares(tmp_path: Path):
-    plot = speedup_heatmap(SGLANG, sglang_rows(), tmp_path)
+    (plot,) = speedup_heatmaps(SGLANG, sglang_rows(), tmp_path)
     assert plot is not None and plot.path.name == "synthetic-sglang-speedup.svg"
     texts = _svg_texts(plot.path)
-    assert "1.20×" in texts  # 0.5.12 / pinned on b200
+    assert "1.26×" in texts  # 0.5.12 / pinned on b200: TTFT at one stream
+    assert "synthetic-sglang: piecewise / baseline speedup" in texts
     joined = " ".join(texts)  # a label's lines are separate text elements
     # 0.5.9: an observed failure (pinned flashinfer) and a CPU prediction (0.6.12), each said as what it is.
     assert joined.count("piecewise fails") == 1 and joined.count("piecewise predicted to fail") == 1
@@ -322,10 +345,10 @@ def test_transformers_heatmap_uses_transformers_by_torch(tmp_path: Path):
                     "mode": {"baseline": "static", "piecewise": "continuous-batching"}[r["mode"]]})
         for r, t in ((sglang_rows()[4], "5.5.4"), (sglang_rows()[5], "5.5.4"))
     ]  # fmt: skip
-    plot = speedup_heatmap("matrix/cpu.toml", rows, tmp_path)
+    (plot,) = speedup_heatmaps("matrix/cpu.toml", rows, tmp_path)
     assert plot is not None
     texts = _svg_texts(plot.path)
-    assert "transformers" in texts and "torch" in texts and "1.20×" in texts
+    assert "transformers" in texts and "torch" in texts and "1.19×" in texts  # decode: output tok/s @64
 
 
 def test_report_renders_again_from_the_published_record_alone(tmp_path: Path):
@@ -401,7 +424,7 @@ def test_each_reason_for_a_missing_speedup_has_its_own_label():
     rows = {r["cell_id"]: r for r in pair_rows()}
     for cell, expected in EXPECTED_REASONS.items():
         first, second = rows[f"{cell}-baseline"], rows[f"{cell}-piecewise"]
-        assert markdown.speedup(first, second) is None
+        assert comparison(load_engine("sglang"), first, second) is None
         assert markdown.no_speedup_text(markdown.no_speedup(first, second), "baseline", "piecewise") == expected
     assert set(SQUARE_STYLES) == set(markdown.NO_SPEEDUP)  # every reason has a square style
 
@@ -410,7 +433,7 @@ def test_markdown_and_html_say_why_there_is_no_speedup(tmp_path: Path):
     build_report(pair_rows(), tmp_path, baseline=None, write_record=False)
     table = (tmp_path / "compatibility.md").read_text()
     column = {line.split("|")[1].strip() + "/" + line.split("|")[3].strip() + "/" + line.split("|")[5].strip():
-              line.rstrip(" |").rsplit("|", 1)[-1].strip()
+              line.rstrip(" |").rsplit("|", 2)[-2].strip()
               for line in table.splitlines() if line.startswith("| 0.5.")}  # fmt: skip
     assert column == {
         "0.5.9/pinned/b200": "— unresolvable",
@@ -427,7 +450,7 @@ def test_markdown_and_html_say_why_there_is_no_speedup(tmp_path: Path):
 
 
 def test_heatmap_tells_observed_failures_from_predictions_and_skips(tmp_path: Path):
-    plot = speedup_heatmap(SGLANG, pair_rows(), tmp_path)
+    (plot,) = speedup_heatmaps(SGLANG, pair_rows(), tmp_path)
     assert plot is not None
     joined = " ".join(_svg_texts(plot.path))
     for reason in EXPECTED_REASONS.values():
@@ -547,3 +570,31 @@ def test_markup_in_merged_rows_stays_text_on_every_page(tmp_path: Path, monkeypa
         assert not tags & {"script", "img", "b", "foreignObject"}, (svg.name, tags)
     heatmap = next((site / "plots").glob("*-speedup.svg"))
     assert f"gpu {EVIL_GPU}" in _svg_texts(heatmap)  # shown as the text it is
+
+
+def test_recommend_shows_the_prefill_figures_a_mode_is_judged_on():
+    from servematrix.report.recommend import recommend
+
+    (b200,) = [r for r in recommend(sglang_rows()) if r.gpu == "b200"]
+    piecewise = next(s for s in b200.stacks if s.cell_id == "c2")
+    assert piecewise.ttft_ms == pytest.approx(40.5) and piecewise.ttft_concurrency == 1
+    assert piecewise.versus_baseline == "1.26× TTFT @1, 1024 in (1.22–1.30, conclusive) over baseline"
+    baseline = next(s for s in b200.stacks if s.cell_id == "c1")
+    assert baseline.versus_baseline is None and baseline.ttft_ms == pytest.approx(51.0)
+
+
+def test_a_longer_ttft_beyond_the_noise_is_a_regression():
+    from servematrix.report.regressions import detect_regressions, export_results
+
+    before = sglang_rows()
+    slower = [
+        Row(values={**r.values, "run_id": "run-2", "metrics": with_prefill(r["metrics"], (0.060, 0.061))})
+        if r["cell_id"] == "c2" else r
+        for r in before
+    ]  # fmt: skip
+    export = export_results(before)
+    found = detect_regressions(slower, export)
+    (ttft,) = [r for r in found if r.kind == "ttft"]
+    assert ttft.cell_id == "c2" and ttft.concurrency == 1
+    assert "TTFT @1 40.5 -> 60.5 ms" in ttft.reason
+    assert not [r for r in detect_regressions(before, export) if r.kind == "ttft"]  # the same run: none

@@ -105,7 +105,7 @@ def test_the_tasks_run_every_cell_once_with_both_modes_of_an_environment_togethe
             modes: dict[str, set[str]] = {}
             for cell in cells:
                 modes.setdefault(cell.env_id, set()).add(cell.mode)
-            assert all(m == {"baseline", "piecewise"} for m in modes.values())
+            assert all(m == {"baseline", "piecewise", "breakable", "full"} for m in modes.values())
             seen += [c.id for c in cells]
     assert sorted(seen) == sorted(c.id for c in make_plan(GLM5, ["sglang>=0.5.10"]).cells)
     assert len(stores) == sum(a.tasks for a in submission.arrays)

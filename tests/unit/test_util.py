@@ -184,3 +184,5 @@ def test_log_tail_is_the_last_lines_with_bad_bytes_replaced(tmp_path):
     log.write_bytes(b"".join(b"line %d\n" % i for i in range(100)) + b"bad \xff byte\n")
     assert log_tail(log, 3) == "line 98\nline 99\nbad \ufffd byte"
     assert log_tail(log, 500).count("\n") == 100
+    assert log_tail(log, 500, max_bytes=16) == "e 99\nbad \ufffd byte"  # only the end of a large log is read
+    assert log_tail(tmp_path / "missing.log", 3) == ""

@@ -15,7 +15,6 @@ Stages, cheapest first, each with the pipeline stages it runs:
 from __future__ import annotations
 
 import io
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -29,20 +28,18 @@ from rich.console import Console
 from servematrix import hostinfo, verdict
 from servematrix.backends import Backend
 from servematrix.cells import Cell, Environment, content_hash
-from servematrix.engines import GENERIC_PREFLIGHTS, PreflightInput
-from servematrix.engines.sglang import traceprobe as probe
+from servematrix.engines import GENERIC_PREFLIGHTS, Hooks, PreflightInput
 from servematrix.errors import InputError
 from servematrix.locking import resolve_request
-from servematrix.pipeline import RunOptions, gpu_ready, inputs_hash, run_plan
+from servematrix.pipeline import RunOptions, cell_row, gpu_ready, inputs_hash, run_plan
 from servematrix.plan import Plan, plan_spec
-from servematrix.redact import redact_argv, spec_secret_flags
+from servematrix.redact import spec_secret_flags
 from servematrix.report.markdown import last_line
 from servematrix.report.regressions import scrub_host_paths
 from servematrix.spec import PACKAGE_NAME, Spec
-from servematrix.stages import STAGES
+from servematrix.stages import STAGES, importcheck
 from servematrix.stages.resolve import resolve
 from servematrix.store import Row, Store
-from servematrix.verdict import Verdict
 
 # The stages a bisection can decide at, cheapest first, and the pipeline stages each one runs.
 PIPELINE_STAGES: Mapping[str, tuple[str, ...]] = {
@@ -52,9 +49,7 @@ PIPELINE_STAGES: Mapping[str, tuple[str, ...]] = {
 }
 # Verdicts that say nothing about the release: it is skipped, and a neighbour is tried.
 UNDECIDED_KINDS = ("unresolvable", "error", "interrupted")
-# The pipeline notes an import check that could not decide (no GPU to load a library, an install fault) as
-# evidence of a cell it leaves `skipped:no-gpu`: for a bisection that is no verdict either.
-_IMPORT_NOTE = re.compile(r"^import check( \(cached\))?: (\w+)")
+NO_IMPORT_RESULT = "import check: no result for the lock"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +129,7 @@ class CellResult:
     excerpt: str = ""
     evidence: tuple[str, ...] = ()
     run_id: str = ""
+    lock_file: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +141,9 @@ class Check:
     cells: tuple[CellResult, ...]
     reused: bool  # read from the store (or the import check's cache), not run now
     seconds: float
+    # Why an import check that left its cells `skipped:no-gpu` decided nothing (it needs a GPU to load a
+    # library, or has no result for the lock), from the import check's own record; None when it decided.
+    import_undecided: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -157,11 +156,7 @@ class Check:
         for cell in self.cells:
             if cell.verdict.startswith(UNDECIDED_KINDS):
                 return f"{cell.verdict}: {last_line(cell.excerpt)}".rstrip(": ")
-            for note in cell.evidence:
-                found = _IMPORT_NOTE.match(note)
-                if found and found.group(2) in ("inconclusive", "error"):
-                    return note
-        return None
+        return self.import_undecided
 
     @property
     def evidence(self) -> str:
@@ -187,7 +182,7 @@ class CheckOptions:
     store: Path
     workdir: Path
     lock_dir: Path
-    probe_entry: str | None = None  # the trace probe of this entry alone decides the probe stage
+    probe_entry: str | None = None  # the engine's probe of this entry alone decides the probe stage
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6])
 
 
@@ -206,6 +201,7 @@ class Checker:
         self.backend = backend
         self.say = say
         self._runs = 0
+        self._hooks = Hooks.of(target.spec.engine)
 
     def stages_here(self) -> tuple[str, ...]:
         """The stages this host can decide at, cheapest first."""
@@ -230,14 +226,21 @@ class Checker:
             stored = [store.finished(c.id, inputs_hash(plan, c, stages)) for c in cells]
         rerun = False
         if all(row is not None for row in stored):
-            reused = Check(
-                version=version, stage=stage, cells=tuple(_result(r) for r in stored if r), reused=True, seconds=0.0
-            )
-            # The pipeline keeps a cell whose import check failed to run (an install fault) as `skipped:no-gpu`,
-            # a final verdict; for a bisection that check decided nothing, and a fault is retried.
-            if not any(_import_fault(note) for cell in reused.cells for note in cell.evidence):
-                return reused
+            results = tuple(_result(r) for r in stored if r)
+            undecided = self._import_undecided(stage, results)
+            # A stored `skipped:no-gpu` whose lock has no import result (a store from before an import check's
+            # fault became `error:import-check`) is run again; an inconclusive one would only say so again.
+            if undecided is None or not undecided.startswith(NO_IMPORT_RESULT):
+                return Check(
+                    version=version,
+                    stage=stage,
+                    cells=results,
+                    reused=True,
+                    seconds=0.0,
+                    import_undecided=undecided,
+                )
             rerun = True
+        known_before = stage == "import" and self._import_known(plan)
         self.say(f"{self.target.package} {version}: running {','.join(stages)}")
         started = time.monotonic()
         run_id = self._next_run_id()
@@ -257,8 +260,39 @@ class Checker:
             _result(mine[c.id]) if c.id in mine else CellResult(mode=c.mode, cell_id=c.id, verdict="error:owned")
             for c in cells
         )
-        cached = all(any(_cached_import(note) for note in r.evidence) for r in results)
-        return Check(version=version, stage=stage, cells=results, reused=cached, seconds=time.monotonic() - started)
+        return Check(
+            version=version,
+            stage=stage,
+            cells=results,
+            reused=known_before,
+            seconds=time.monotonic() - started,
+            import_undecided=self._import_undecided(stage, results),
+        )
+
+    def _import_result(self, lock_file: str | None) -> importcheck.ImportCheck | None:
+        if not lock_file or not Path(lock_file).is_file():
+            return None
+        return importcheck.recorded(Path(lock_file), self.target.spec.engine, cache_dir=self.options.workdir / "cache")
+
+    def _import_known(self, plan: Plan) -> bool:
+        """Whether the import check already has a result for the environment's lock as it stands (so this
+        check installs nothing: it counts as reused)."""
+        return self._import_result(str(self.options.lock_dir / f"{plan.cells[0].env_id}.lock.txt")) is not None
+
+    def _import_undecided(self, stage: str, results: Sequence[CellResult]) -> str | None:
+        """Why the import stage decided nothing for cells it left `skipped:no-gpu`, asked of the import check's
+        record of their lock (the runner's notes are for people), or None."""
+        if stage != "import":
+            return None
+        for cell in results:
+            if not cell.verdict.startswith("skipped:"):
+                continue  # it predicted a failure, or the verdict's kind says it is undecided
+            known = self._import_result(cell.lock_file)
+            if known is None:
+                return f"{NO_IMPORT_RESULT} {cell.lock_file or '(no lock)'}"
+            if known.outcome == "inconclusive":
+                return f"import check: inconclusive {known.klass}: {known.evidence}".rstrip(": ")
+        return None
 
     def _next_run_id(self) -> str:
         self._runs += 1
@@ -266,8 +300,8 @@ class Checker:
 
     # -- the trace probe of one entry ------------------------------------------------------------------
     def _entry_probe(self, plan: Plan, version: str) -> Check:
-        """The probe stage as the trace probe of `--probe-entry` alone, on the cells of trace modes: whether that
-        entry exists with this release and traces. Stored like the pipeline's probe rows."""
+        """The probe stage as the engine's probe of `--probe-entry` alone (its `probe_entry` hook), on the cells
+        of its trace modes. Stored like the pipeline's probe rows, by the pipeline's row builder."""
         entry = self.options.probe_entry
         assert entry is not None
         spec = plan.spec
@@ -284,56 +318,38 @@ class Checker:
             return Check(
                 version=version, stage="probe", cells=tuple(_result(r) for r in stored if r), reused=True, seconds=0.0
             )
-        self.say(f"{self.target.package} {version}: running resolve, trace probe of {entry}")
+        self.say(f"{self.target.package} {version}: running resolve, the {entry} probe")
         started = time.monotonic()
         env = cells[0].env
         resolved = resolve(resolve_request(plan, env.env_id), out_dir=self.options.lock_dir)
         resolve_s = time.monotonic() - started
         cached = False
-        if resolved.status == "unresolvable":
-            result = Verdict(kind="unresolvable", excerpt=resolved.reason)
-        elif resolved.status == "error":
-            result = verdict.error("resolve", resolved.reason)
-        else:
+        result = verdict.resolve_ended(resolved.status, resolved.reason)
+        if result is None:
             locked = PreflightInput(
                 cell=cells[0], engine=spec.engine, pins=resolved.pins, cache_dir=self.options.workdir / "cache"
             )
-            torch, flashinfer = locked.package("torch"), locked.package("flashinfer")
-            if not torch or not flashinfer:
-                raise InputError(f"--probe-entry: the lock of {env.env_id} has no torch or flashinfer-python to probe")
-            probed = probe.trace_probe(
-                torch_version=torch,
-                flashinfer_version=flashinfer,
-                entry=entry,
-                arch=env.gpu.arch.removeprefix("sm_"),
-                cache_dir=locked.cache_dir,
-            )
-            cached = probed.cached
-            result = entry_verdict(probed, needs_gpu=not gpu_ready(env))
+            assert self._hooks.probe_entry is not None  # the command checked it
+            result, cached = self._hooks.probe_entry(locked, entry, needs_gpu=not gpu_ready(env))
         seconds = {"resolve": round(resolve_s, 3), "probe": round(time.monotonic() - started - resolve_s, 3)}
         run_id = self._next_run_id()
         flags = spec_secret_flags(spec)
         host = hostinfo.host().to_dict()
+        backend = self.backend(plan, PIPELINE_STAGES["probe"]).name
         with Store(self.options.store) as store:
             for cell in cells:
-                store.record(
+                row = cell_row(
+                    plan,
+                    cell,
                     run_id=run_id,
-                    cell_id=cell.id,
-                    env_id=cell.env_id,
-                    engine=cell.env.engine,
-                    mode=cell.mode,
-                    matrix=str(spec.path),
-                    axes=dict(cell.env.axes),
-                    inputs_hash=hashes[cell.id],
+                    inputs=hashes[cell.id],
                     host=host,
-                    argv=redact_argv(cell.command, flags),
-                    lock_hash=resolved.inputs_hash,
-                    lock_file=str(resolved.lockfile) if resolved.lockfile else None,
-                    crossed_pins=resolved.crossed,
-                    verdict=str(result),
-                    excerpt=result.excerpt,
-                    evidence=list(result.evidence),
-                    stages=seconds,
+                    backend=backend,
+                    secret_flags=flags,
+                    resolved=resolved,
+                )
+                store.record(
+                    **row, verdict=str(result), excerpt=result.excerpt, evidence=list(result.evidence), stages=seconds
                 )
         results = tuple(
             CellResult(
@@ -354,20 +370,6 @@ def entry_inputs_hash(plan: Plan, cell: Cell, entry: str) -> str:
     return content_hash({"probe": inputs_hash(plan, cell, PIPELINE_STAGES["probe"]), "probe_entry": entry})
 
 
-def entry_verdict(result: probe.ProbeResult, *, needs_gpu: bool) -> Verdict:
-    """The trace probe of one entry as a cell verdict: traces (the CPU says nothing against it), does not trace
-    (the pipeline's `predicted-fail:dynamo-untraceable`), the entry point is missing, or no answer."""
-    note = f"probe: {result.entry} on torch {result.torch}, flashinfer {result.flashinfer}"
-    if result.traceable is True:
-        detail = "no-gpu" if needs_gpu else "stages"
-        return Verdict(kind="skipped", detail=detail, excerpt=result.evidence, evidence=(f"{note}: {result.evidence}",))
-    if result.traceable is False:
-        return Verdict(kind="predicted-fail", detail="dynamo-untraceable", excerpt=result.evidence, evidence=(note,))
-    if "LookupError" in result.error:
-        return Verdict(kind="predicted-fail", detail="fp4-entry-missing", excerpt=result.error, evidence=(note,))
-    return verdict.error("probe", result.error or "the trace probe gave no answer")
-
-
 def _result(row: Row) -> CellResult:
     return CellResult(
         mode=row["mode"],
@@ -376,14 +378,5 @@ def _result(row: Row) -> CellResult:
         excerpt=str(row.get("excerpt") or ""),
         evidence=tuple(str(e) for e in row.get("evidence") or ()),
         run_id=row["run_id"],
+        lock_file=row.get("lock_file"),
     )
-
-
-def _import_fault(note: str) -> bool:
-    found = _IMPORT_NOTE.match(note)
-    return bool(found and found.group(2) == "error")
-
-
-def _cached_import(note: str) -> bool:
-    found = _IMPORT_NOTE.match(note)
-    return bool(found and found.group(1))

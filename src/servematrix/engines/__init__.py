@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -63,6 +63,7 @@ class ModeFlagsRow(_Ranged):
     args: tuple[str, ...] = ()
     applicable: bool = True
     reason: str = ""
+    source: str = ""  # where the fact was read (the release's wheel, file:line)
 
 
 class FlagRename(_Ranged):
@@ -145,6 +146,9 @@ class Engine(DataTable):
     preflight: tuple[str, ...] = ()
     hooks: str = ""  # the module with this engine's hooks (see the module doc); none when empty
     trace_modes: tuple[str, ...] = ()  # modes whose capture goes through dynamo
+    # The phase of serving each mode changes ("prefill" or "decode"; a mode not named: "decode"). The bench runs
+    # that phase's profile and the A/B judges the mode on its figures (stages/bench/compare.py).
+    phases: dict[str, Literal["prefill", "decode"]] = Field(default_factory=dict)
     default_port: int
     requirements: Requirements
     env: dict[str, str] = Field(default_factory=dict)
@@ -207,6 +211,9 @@ class Engine(DataTable):
         parsed = Version(version)
         return tuple(sorted({o for row in self.derived_ports if row.contains(parsed) for o in row.offsets}))
 
+    def phase_of(self, mode: str) -> str:
+        return self.phases.get(mode, "decode")
+
     def evidence_for(self, mode: str, version: str) -> ModeEvidence | None:
         parsed = Version(version)
         return next((row for row in self.mode_evidence if row.mode == mode and row.contains(parsed)), None)
@@ -244,13 +251,19 @@ class Hooks:
 
     preflights: Mapping[str, Preflight]
     preamble: Callable[[Sequence[Cell], Engine, Path], list[str]] | None = None
+    # `bisect --probe-entry ENTRY`: one named probe of a cell, as (verdict, whether its result was cached).
+    probe_entry: Callable[..., tuple[Verdict, bool]] | None = None
 
     @staticmethod
     def of(engine: Engine) -> Hooks:
         if not engine.hooks:
             return Hooks(preflights={})
         module = importlib.import_module(engine.hooks)
-        return Hooks(preflights=getattr(module, "PREFLIGHTS", {}), preamble=getattr(module, "preamble", None))
+        return Hooks(
+            preflights=getattr(module, "PREFLIGHTS", {}),
+            preamble=getattr(module, "preamble", None),
+            probe_entry=getattr(module, "probe_entry", None),
+        )
 
 
 def _engine_folders() -> list[Traversable]:

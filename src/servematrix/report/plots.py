@@ -21,11 +21,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.colors import TwoSlopeNorm
 
-from servematrix.engines import load_engine
+from servematrix.engines import Engine, load_engine
 from servematrix.report.escape import slug
-from servematrix.report.markdown import NO_SPEEDUP, no_speedup, no_speedup_text, speedup
+from servematrix.report.markdown import NO_SPEEDUP, headline_heading, no_speedup, no_speedup_text
 from servematrix.report.regressions import spreads
-from servematrix.report.rows import version_key
+from servematrix.report.rows import comparison, version_key
 from servematrix.store import Row
 from servematrix.util import atomic_write
 
@@ -82,7 +82,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
     plots: list[Plot] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     for matrix, group in by_matrix.items():
-        for plot in (throughput_plot(matrix, group, out_dir), speedup_heatmap(matrix, group, out_dir)):
+        for plot in (throughput_plot(matrix, group, out_dir), *speedup_heatmaps(matrix, group, out_dir)):
             if plot is not None:
                 plots.append(plot)
     keep = {p.path.name for p in plots}
@@ -191,10 +191,13 @@ class _HeatCell:
 NOT_RUN = _HeatCell(None, "—", "not-run")
 
 
-def _heat_cell(pairs: list[tuple[Row | None, Row | None]], first_mode: str, second_mode: str) -> _HeatCell:
-    """A square: the median speedup of its environments; else why there is none, the most decisive reason
-    any of them has (`NO_SPEEDUP` order), with how many of them have it when they differ."""
-    ratios = [r[0] for first, second in pairs if (r := speedup(first, second)) is not None]
+def _heat_cell(
+    engine: Engine, pairs: list[tuple[Row | None, Row | None]], first_mode: str, second_mode: str
+) -> _HeatCell:
+    """A square: the median headline speedup of its environments; else why there is none, the most decisive
+    reason any of them has (`NO_SPEEDUP` order), with how many of them have it when they differ."""
+    found = [comparison(engine, first, second) for first, second in pairs]
+    ratios = [c.headline.ratio for c in found if c is not None and c.headline is not None]
     if ratios:
         value = statistics.median(ratios)
         suffix = f"\n(n={len(ratios)})" if len(ratios) > 1 else ""
@@ -212,23 +215,32 @@ def _heat_cell(pairs: list[tuple[Row | None, Row | None]], first_mode: str, seco
     return _HeatCell(None, label, status)
 
 
-def speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
-    """Second mode over first (the table's speedup) over (engine version) × (second axis), one panel per GPU.
+def speedup_heatmaps(matrix: str, rows: Sequence[Row], out_dir: Path) -> list[Plot]:
+    """For each mode beyond the first, its headline speedup over the first (the table's) over (engine version)
+    × (second axis), one panel per GPU.
 
     A square holding several environments (other axes vary) shows their median and n. Squares with no
-    speedup say why, each reason in its own style (`SQUARE_STYLES`): the second mode failed, both did, the
-    first did, a CPU-only prediction, unresolvable, a harness error, no GPU on the host, the mode not in the
-    version, or not run."""
-    with plt.rc_context(STYLE):
-        return _speedup_heatmap(matrix, rows, out_dir)
-
-
-def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
+    speedup say why, each reason in its own style (`SQUARE_STYLES`): the mode failed, both did, the first
+    did, a CPU-only prediction, unresolvable, a harness error, no GPU on the host, the mode not in the
+    version, or not run. A map with no measured square says so in its title."""
     engine = load_engine(rows[0]["engine"])
     modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
     if len(modes) < 2 or len(engine.axes) < 2:
-        return None
-    first_mode, second_mode = modes[0], modes[1]
+        return []
+    plots = []
+    with plt.rc_context(STYLE):
+        for index, mode in enumerate(modes[1:]):
+            # The first map keeps the name it had when there was only one (links to it stay valid).
+            name = f"{matrix_slug(matrix)}-speedup.svg" if index == 0 else f"{matrix_slug(matrix)}-{mode}-speedup.svg"
+            plot = _speedup_heatmap(engine, matrix, rows, out_dir / name, modes[0], mode)
+            if plot is not None:
+                plots.append(plot)
+    return plots
+
+
+def _speedup_heatmap(
+    engine: Engine, matrix: str, rows: Sequence[Row], path: Path, first_mode: str, second_mode: str
+) -> Plot | None:
     x_axis = engine.version_axis
     y_axis = engine.heatmap_axis or engine.axes[1]
     envs: dict[str, dict[str, Row]] = {}
@@ -242,7 +254,7 @@ def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
         axes = next(iter(cells.values()))["axes"]
         key = (str(axes.get("gpu")), str(axes[x_axis]), str(axes[y_axis]))
         grid.setdefault(key, []).append((cells.get(first_mode), cells.get(second_mode)))
-    heat = {key: _heat_cell(pairs, first_mode, second_mode) for key, pairs in grid.items()}
+    heat = {key: _heat_cell(engine, pairs, first_mode, second_mode) for key, pairs in grid.items()}
     values = [c.value for c in heat.values() if c.value is not None]
     low, high = min([*values, 0.9]), max([*values, 1.1])
     norm = TwoSlopeNorm(vmin=min(low, 0.99), vcenter=1.0, vmax=max(high, 1.01))
@@ -278,8 +290,10 @@ def _speedup_heatmap(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
     if image is not None and values:
         fig.colorbar(image, ax=list(axes_row.flat), label=f"{second_mode} / {first_mode}", shrink=0.8)
     title = f"{matrix_slug(matrix)}: {second_mode} / {first_mode} speedup"
-    fig.suptitle(f"{title}\n(output tok/s at the highest concurrency both measured)", fontsize=10)
-    path = out_dir / f"{matrix_slug(matrix)}-speedup.svg"
+    envs_of = [{first_mode: first, second_mode: second} for pairs in grid.values() for first, second in pairs]
+    measured = headline_heading(engine, second_mode, envs_of, first_mode)
+    why = "" if values else "; no square holds a measured speedup (each says why)"
+    fig.suptitle(f"{title}\n({measured}{why})", fontsize=10)
     _save(fig, path)
     return Plot(matrix=matrix, kind="speedup", title=title, path=path)
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from servematrix.report.rows import tok_s, version_key
+from servematrix.engines import load_engine
+from servematrix.report.rows import comparison, speedup_text, tok_s, ttft_ms, version_key
 from servematrix.store import Row
 
 # Verdicts that rule a cell out, and those that say nothing yet (a GPU is needed to decide).
@@ -29,6 +30,9 @@ class Stack:
     source: str  # observed (served and benchmarked) or predicted (only the CPU pre-flights passed)
     tok_s: float | None  # median output tok/s at the highest concurrency measured, observed only
     concurrency: int | None
+    ttft_ms: float | None = None  # the prefill profile's median TTFT at its lowest level, observed only
+    ttft_concurrency: int | None = None
+    versus_baseline: str | None = None  # the mode's headline speedup over the environment's baseline
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,10 +85,15 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
             key=lambda r: (sorted(r["axes"].items()), r["mode"], r["cell_id"]),
         )
         good = [r for r in mine if _status(r) in ("pass", "open")]
+        by_env: dict[str, dict[str, Row]] = {}
+        for row in mine:
+            by_env.setdefault(str(row.get("env_id") or row["cell_id"]), {})[row["mode"]] = row
         stacks = []
         for row in good:
             measured = tok_s(row) if _status(row) == "pass" else {}
             top = max(measured) if measured else None
+            ttft = ttft_ms(row) if _status(row) == "pass" else {}
+            low = min(ttft) if ttft else None
             stacks.append(
                 Stack(
                     cell_id=row["cell_id"],
@@ -96,6 +105,9 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
                     else "predicted: passed the CPU pre-flights",
                     tok_s=measured[top] if top is not None else None,
                     concurrency=top,
+                    ttft_ms=ttft[low] if low is not None else None,
+                    ttft_concurrency=low,
+                    versus_baseline=_versus_baseline(row, by_env[str(row.get("env_id") or row["cell_id"])]),
                 )
             )
         # Observed first, fastest first; then the undecided ones, newest versions first.
@@ -121,9 +133,27 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
     return out
 
 
+def _versus_baseline(row: Row, env: Mapping[str, Row]) -> str | None:
+    """The mode's headline speedup over its environment's first mode, as the table shows it."""
+    if row.get("verdict") != "pass" or not row.get("engine"):
+        return None
+    engine = load_engine(row["engine"])
+    first = next((env[m] for m in engine.modes if m in env), None)
+    if first is None or first is row:
+        return None
+    found = comparison(engine, first, row)
+    if found is None or found.headline is None:
+        return None
+    return f"{speedup_text(found.headline, bold=False)} over {first['mode']}"
+
+
 def _stack_line(stack: Stack) -> str:
     axes = " ".join(f"{k} {v}" for k, v in sorted(stack.axes.items()) if k != "gpu")
-    figure = f", {stack.tok_s:,.0f} tok/s @{stack.concurrency}" if stack.tok_s is not None else ""
+    figure = f", {stack.tok_s:,.0f} decode tok/s @{stack.concurrency}" if stack.tok_s is not None else ""
+    if stack.ttft_ms is not None:
+        figure += f", TTFT {stack.ttft_ms:,.1f} ms @{stack.ttft_concurrency}"
+    if stack.versus_baseline:
+        figure += f"; {stack.versus_baseline}"
     return f"{axes}, {stack.mode}: {stack.source}{figure}"
 
 

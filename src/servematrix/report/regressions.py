@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servematrix.stages import bench
 from servematrix.store import COLUMNS, Row
 from servematrix.util import atomic_write
 from servematrix.verdict import cpu_only, observed
@@ -43,7 +44,17 @@ FAILED_KINDS = frozenset({"fail", "unresolvable", "predicted-fail"})
 # `prediction` field, kept when a row carries it.
 _LOCAL_ONLY = frozenset({"status", "metrics", "harness_pid", "server_pid", "server_pgid", "log_path"})
 EXPORTED = (*(c for c in COLUMNS if c not in _LOCAL_ONLY), "prediction")
-LEVEL_FIELDS = ("concurrency", "output_tok_s", "request_s", "completion_tokens", "error_count")
+LEVEL_FIELDS = (
+    "concurrency",
+    "output_tok_s",
+    "request_s",
+    "completion_tokens",
+    "error_count",
+    "input_tok_s",
+    "ttft_mean_s",
+)
+# What a published repeat keeps: the figures a mode is compared on (bench.compare), and its server start.
+RUN_FIELDS = ("repeat", "start", "output_tok_s", "input_tok_s", "ttft", "wall_s", "prompt_tokens")
 METRIC_FIELDS = ("model", "duration_s", "completion_tokens", "error_count", "client")
 
 
@@ -53,7 +64,7 @@ class Regression:
     matrix: str
     mode: str
     axes: Mapping[str, str]
-    kind: str  # verdict | throughput
+    kind: str  # verdict | throughput | ttft
     before: str
     after: str
     concurrency: int | None = None
@@ -168,12 +179,14 @@ def _trim_metrics(metrics: Mapping[str, Any] | None, root: Path) -> dict[str, An
     trimmed["levels"] = [
         {
             **{k: level.get(k) for k in LEVEL_FIELDS},
-            "runs": [
-                {"repeat": run.get("repeat"), "output_tok_s": run.get("output_tok_s")} for run in level.get("runs", [])
-            ],
+            "runs": [{k: run.get(k) for k in RUN_FIELDS if k in run} for run in level.get("runs", [])],
         }
         for level in metrics.get("levels", [])
     ]
+    for profile in bench.PROFILES:
+        nested = metrics.get(profile)
+        if isinstance(nested, Mapping):
+            trimmed[profile] = _trim_metrics(nested, root)
     return trimmed
 
 
@@ -186,6 +199,7 @@ def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
         "finished_at": entry.get("finished_at"),
         "verdict": entry.get("verdict"),
         "tok_s": {str(c): s for c, s in spreads(entry.get("metrics")).items()},
+        "ttft_s": {str(c): s for c, s in ttft_spreads(entry.get("metrics")).items()},
     }
 
 
@@ -204,6 +218,17 @@ def spreads(metrics: Mapping[str, Any] | None) -> dict[int, dict[str, float]]:
     return out
 
 
+def ttft_spreads(metrics: Mapping[str, Any] | None) -> dict[int, dict[str, float]]:
+    """The prefill profile's TTFT {min, median, max} (s) over the repeats' means, per level."""
+    prefill = (metrics or {}).get("prefill")
+    out: dict[int, dict[str, float]] = {}
+    for level in prefill.get("levels", []) if isinstance(prefill, Mapping) else []:
+        spread = level.get("ttft_mean_s") or {}
+        if all(isinstance(spread.get(k), int | float) for k in ("min", "median", "max")):
+            out[int(level["concurrency"])] = {k: float(spread[k]) for k in ("min", "median", "max")}
+    return out
+
+
 def _reference(row: Row, previous: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The published result this row is compared with: the published cell, or, when the record already holds
     this very run, what that run was compared with."""
@@ -217,10 +242,10 @@ def _reference(row: Row, previous: Mapping[str, Any] | None) -> Mapping[str, Any
     return entry
 
 
-def _reference_spreads(reference: Mapping[str, Any]) -> dict[int, dict[str, float]]:
+def _reference_spreads(reference: Mapping[str, Any], key: str = "tok_s") -> dict[int, dict[str, float]]:
     if "tok_s" in reference:  # a comparison summary
-        return {int(c): s for c, s in reference["tok_s"].items()}
-    return spreads(reference.get("metrics"))
+        return {int(c): s for c, s in (reference.get(key) or {}).items()}
+    return (spreads if key == "tok_s" else ttft_spreads)(reference.get("metrics"))
 
 
 def _kind(verdict: str | None) -> str:
@@ -286,4 +311,44 @@ def detect_regressions(
                         reason=why,
                     )
                 )
+        found += _ttft_regressions(common, _reference_spreads(reference, "ttft_s"), ttft_spreads(row.get("metrics")),
+                                   min_drop=min_drop, margin=margin)  # fmt: skip
+    return found
+
+
+def _ttft_regressions(
+    common: Mapping[str, Any],
+    old: Mapping[int, Mapping[str, float]],
+    new: Mapping[int, Mapping[str, float]],
+    *,
+    min_drop: float,
+    margin: float,
+) -> list[Regression]:
+    """A prefill profile whose time to first token rose beyond the noise its repeats measured: the same
+    rule as for throughput, with the time inverted (a 1.25x longer TTFT is a 20 % drop in 1/TTFT)."""
+    found = []
+    for concurrency in sorted(set(old) & set(new)):
+        a, b = old[concurrency], new[concurrency]
+        if b["median"] <= 0:
+            continue
+        drop = 1 - a["median"] / b["median"]
+        threshold = max(_noise(a), _noise(b), min_drop)
+        apart = b["min"] * (1 - margin) > a["max"]
+        if drop > threshold or apart:
+            why = (
+                f"TTFT @{concurrency} {a['median'] * 1000:,.1f} -> {b['median'] * 1000:,.1f} ms "
+                f"(-{drop:.0%} in 1/TTFT; noise threshold {threshold:.0%})"
+            )
+            found.append(
+                Regression(
+                    **common,
+                    kind="ttft",
+                    before=f"{a['median'] * 1000:.1f} ms",
+                    after=f"{b['median'] * 1000:.1f} ms",
+                    concurrency=concurrency,
+                    drop=round(drop, 4),
+                    threshold=round(threshold, 4),
+                    reason=why,
+                )
+            )
     return found

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from packaging.version import InvalidVersion, Version
 
+from servematrix.stages import bench
 from servematrix.store import Row
+
+if TYPE_CHECKING:
+    from servematrix.engines import Engine
+    from servematrix.stages.bench import ModeComparison, Speedup
 
 
 def tok_s(row: Row) -> dict[int, float]:
@@ -25,3 +33,42 @@ def version_key(value: str) -> tuple[int, Version | str]:
         return (1, Version(value))
     except InvalidVersion:
         return (2, value)
+
+
+def ttft_ms(row: Row) -> dict[int, float]:
+    """The prefill profile's median time to first token (ms) at each level it measured, for a passed row."""
+    prefill = (row.get("metrics") or {}).get("prefill") or {}
+    out: dict[int, float] = {}
+    for level in prefill.get("levels", []) if isinstance(prefill, dict) else []:
+        median = (level.get("ttft_mean_s") or {}).get("median")
+        if median is not None:
+            out[int(level["concurrency"])] = float(median) * 1000
+    return out
+
+
+def prefill_input_len(rows: Sequence[Row]) -> int | None:
+    """The prefill profile's input length, as its rows recorded it (the first that did)."""
+    for row in rows:
+        prefill = (row.get("metrics") or {}).get("prefill") or {}
+        value = (prefill.get("workload") or {}).get("input_len") if isinstance(prefill, dict) else None
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def comparison(engine: Engine, first: Row | None, second: Row | None) -> ModeComparison | None:
+    """`second`'s mode against `first` (the baseline) on the figures of the phase the mode changes, when both
+    passed and measured them; None otherwise (`markdown.no_speedup` says why)."""
+    if first is None or second is None or first["verdict"] != "pass" or second["verdict"] != "pass":
+        return None
+    try:
+        found = bench.compare(first.get("metrics") or {}, second.get("metrics") or {}, engine.phase_of(second["mode"]))
+    except (ValueError, KeyError, TypeError):  # a row from a merged store whose figures are not figures
+        return None
+    return found if found.headline is not None else None
+
+
+def speedup_text(found: Speedup, *, bold: bool = True) -> str:
+    """`**1.22×** TTFT @1, 1024 in (1.10–1.35, conclusive)`."""
+    ratio = f"{found.ratio:.2f}×"
+    return f"{'**' + ratio + '**' if bold else ratio} {found.heading} ({found.range_text})"

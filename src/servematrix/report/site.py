@@ -28,7 +28,7 @@ import jinja2
 
 from servematrix.bisection import notes as bisection_notes
 from servematrix.classify import Signature, load_signatures
-from servematrix.engines import available_engines, load_engine
+from servematrix.engines import Engine, available_engines, load_engine
 from servematrix.report import escape, markdown
 from servematrix.report.markdown import (
     Extras,
@@ -40,7 +40,6 @@ from servematrix.report.markdown import (
     no_speedup,
     no_speedup_text,
     reproduce,
-    speedup,
 )
 from servematrix.report.plots import Plot, write_plots
 from servematrix.report.recommend import nearest_fixes
@@ -53,7 +52,7 @@ from servematrix.report.regressions import (
     spreads,
     write_export,
 )
-from servematrix.report.rows import tok_s, version_key
+from servematrix.report.rows import comparison, tok_s, ttft_ms, version_key
 from servematrix.store import Row
 from servematrix.util import atomic_write
 
@@ -339,7 +338,7 @@ def _matrix_view(matrix: str, rows: list[Row], plots: Sequence[Plot], regression
             modes.index(r["mode"]) if r["mode"] in modes else 99,
         ),
     ):
-        cells.append(_cell_view(row, axes, concurrencies, modes, envs[row["env_id"]], regressions))
+        cells.append(_cell_view(engine, row, axes, concurrencies, modes, envs[row["env_id"]], regressions))
     return {
         "matrix": matrix,
         "slug": Path(matrix).stem,
@@ -349,6 +348,7 @@ def _matrix_view(matrix: str, rows: list[Row], plots: Sequence[Plot], regression
         "modes": modes,
         "verdicts": [k for k in VERDICT_KINDS if any(_kind(r) == k for r in rows)],
         "concurrencies": concurrencies,
+        "ttft_levels": sorted({c for r in rows for c in ttft_ms(r)}),
         "second_mode": modes[1] if len(modes) > 1 else None,
         "first_mode": modes[0] if modes else None,
         "cells": cells,
@@ -357,6 +357,7 @@ def _matrix_view(matrix: str, rows: list[Row], plots: Sequence[Plot], regression
 
 
 def _cell_view(
+    engine: Engine,
     row: Row,
     axes: Sequence[str],
     concurrencies: Sequence[int],
@@ -366,10 +367,11 @@ def _cell_view(
 ) -> dict:
     values = spreads(row.get("metrics"))
     medians = tok_s(row)
-    ratio, why = None, ""
-    if len(modes) > 1 and row["mode"] == modes[1]:
-        ratio = speedup(env.get(modes[0]), row)
-        why = "" if ratio else no_speedup_text(no_speedup(env.get(modes[0]), row), modes[0], modes[1])
+    found, why = None, ""
+    if len(modes) > 1 and row["mode"] != modes[0]:
+        found = comparison(engine, env.get(modes[0]), row)
+        why = "" if found else no_speedup_text(no_speedup(env.get(modes[0]), row), modes[0], row["mode"])
+    headline = found.headline if found is not None else None
     mine = [r for r in regressions if r.cell_id == row["cell_id"]]
     slower = {r.concurrency: r for r in mine if r.kind == "throughput"}
     host = row.get("host") or {}
@@ -394,7 +396,18 @@ def _cell_view(
             }
             for c in concurrencies
         ],
-        "speedup": {"ratio": ratio[0], "at": ratio[1]} if ratio else None,
+        "speedup": (
+            {
+                "ratio": headline.ratio,
+                "heading": headline.heading,
+                "range": headline.range_text,
+                "conclusive": not headline.inconclusive,
+                "others": [f"{s.ratio:.2f}× {s.heading} ({s.range_text})" for s in found.others],
+            }
+            if found is not None and headline is not None
+            else None
+        ),
+        "ttft_ms": ttft_ms(row) if row["verdict"] == "pass" else {},
         "no_speedup": why,
         "regressions": [str(r.reason) for r in mine],
         "verdict_regression": next((r.reason for r in mine if r.kind == "verdict"), None),

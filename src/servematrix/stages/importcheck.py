@@ -63,13 +63,32 @@ def lock_key(lockfile: Path, engine: Engine) -> str:
     return hashlib.sha256(body + wanted).hexdigest()[:16]
 
 
-def _result_path(cache_dir: Path, key: str) -> Path:
-    return Path(cache_dir) / "import" / "results" / f"{key}.json"
+def recorded(lockfile: Path, engine: Engine, *, cache_dir: Path) -> ImportCheck | None:
+    """The import check's decided result for this lock (pass, fail or inconclusive), if one was made: what
+    a bisection asks instead of reading the runner's notes. An error is never recorded."""
+    return _read_result(Path(cache_dir) / "import" / "results" / f"{lock_key(lockfile, engine)}.json")
 
 
-def is_cached(lockfile: Path, engine: Engine, cache_dir: Path) -> bool:
-    """Whether this lock's check has a stored result, so checking it again installs nothing."""
-    return _result_path(cache_dir, lock_key(lockfile, engine)).is_file()
+def _read_result(path: Path) -> ImportCheck | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return ImportCheck(**{**data["result"], "cached": True}) if data.get("schema") == RESULT_SCHEMA else None
+
+
+def import_failure(text: str, engine: Engine, *, returncode: int) -> tuple[Outcome, str, str]:
+    """What an import that died says about the stack: (outcome, class, deciding line). Also how a model
+    builder's import failure in a cell environment is read (models.StackImportError)."""
+    gpu_line = next((line for line in text.splitlines() for p in engine.import_check.needs_gpu if p in line), None)
+    if gpu_line is not None:
+        return "inconclusive", "needs-gpu", gpu_line.strip()
+    match = classify_text(text, engine.name)
+    lines = [line for line in text.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else f"exit {returncode}"
+    if match is None:
+        return "fail", "import-failed", last
+    deciding = text.splitlines()[match.line - 1].strip() if match.line else last
+    return "fail", match.cls, ", ".join((*match.evidence, deciding))
 
 
 def import_check(
@@ -78,11 +97,10 @@ def import_check(
     """Install `lockfile` into a fresh venv and import the engine's entry points there (see module doc)."""
     key = lock_key(lockfile, engine)
     root = Path(cache_dir) / "import"
-    result_path = _result_path(cache_dir, key)
-    if result_path.is_file():
-        data = json.loads(result_path.read_text(encoding="utf-8"))
-        if data.get("schema") == RESULT_SCHEMA:
-            return ImportCheck(**{**data["result"], "cached": True})
+    result_path = root / "results" / f"{key}.json"
+    known = _read_result(result_path)
+    if known is not None:
+        return known
     started = time.monotonic()
 
     def done(outcome: Outcome, klass: str = "", evidence: str = "", excerpt: str = "") -> ImportCheck:
@@ -139,16 +157,7 @@ def import_check(
             if run.returncode == 0:
                 continue
             text = run.stdout + "\n" + run.stderr
-            gpu_line = next((line for line in text.splitlines() for p in check.needs_gpu if p in line), None)
-            if gpu_line is not None:
-                return done("inconclusive", "needs-gpu", gpu_line.strip(), text)
-            match = classify_text(text, engine.name)
-            lines = [line for line in text.splitlines() if line.strip()]
-            last = lines[-1].strip() if lines else f"exit {run.returncode}"
-            if match is None:
-                return done("fail", "import-failed", last, text)
-            deciding = text.splitlines()[match.line - 1].strip() if match.line else last
-            return done("fail", match.cls, ", ".join((*match.evidence, deciding)), text)
+            return done(*import_failure(text, engine, returncode=run.returncode), text)
         return done("pass", evidence=f"imported {', '.join(check.modules)}" + (" and ran --help" if check.help else ""))
     finally:
         shutil.rmtree(venv, ignore_errors=True)

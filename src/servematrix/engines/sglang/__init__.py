@@ -5,7 +5,8 @@
 - `trace`: a cell whose mode traces with dynamo (`trace_modes`) gets the FP4 trace probe (`traceprobe`): an
   FP4 quantize entry point that does not trace predicts `dynamo-untraceable` before any GPU time is spent.
 
-`import` is the runner's generic import check and needs no hook.
+`import` is the runner's generic import check and needs no hook. `probe_entry` is the probe stage of
+`servematrix bisect --probe-entry`: the trace probe of one named entry point.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from servematrix import verdict
 from servematrix.cells import Cell
 from servematrix.engines import Engine, PreflightInput, PreflightUnavailable
 from servematrix.engines.sglang import flagsurface, traceprobe
+from servematrix.errors import InputError
 from servematrix.verdict import Verdict
 
 
@@ -60,15 +62,53 @@ def trace(inp: PreflightInput) -> Verdict | None:
     )
     if result is None or result.traceable is not False:
         return None  # nothing to probe, it traces, or the probe could not decide (the GPU stages will)
+    return untraceable(result)
+
+
+def _probed(result: traceprobe.ProbeResult) -> str:
+    return f"probe: {result.entry} on torch {result.torch}, flashinfer {result.flashinfer}"
+
+
+def untraceable(result: traceprobe.ProbeResult) -> Verdict:
+    """The one verdict of an FP4 entry point that does not trace under dynamo: a predicted failure."""
     return Verdict(
-        kind="predicted-fail",
-        detail="dynamo-untraceable",
-        excerpt=result.evidence,
-        evidence=(f"probe: {result.entry} on torch {result.torch}, flashinfer {result.flashinfer}",),
+        kind="predicted-fail", detail="dynamo-untraceable", excerpt=result.evidence, evidence=(_probed(result),)
     )
 
 
 PREFLIGHTS = {"flags": flags, "trace": trace}
+
+
+def probe_entry(inp: PreflightInput, entry: str, *, needs_gpu: bool) -> tuple[Verdict, bool]:
+    """`bisect --probe-entry ENTRY`: the trace probe of that FP4 entry point alone, on the cell's locked
+    torch and flashinfer, as (verdict, whether the probe's result was cached). It traces (the CPU says nothing
+    against it: skipped), it does not trace (`predicted-fail:dynamo-untraceable`, as the `trace` pre-flight
+    says), the entry point is missing (`predicted-fail:fp4-entry-missing`), or no answer (`error:probe`)."""
+    torch_version, flashinfer = inp.package("torch"), inp.package("flashinfer")
+    if not torch_version or not flashinfer:
+        raise InputError(f"--probe-entry: the lock of {inp.cell.env_id} has no torch or flashinfer-python to probe")
+    result = traceprobe.trace_probe(
+        torch_version=torch_version,
+        flashinfer_version=flashinfer,
+        entry=entry,
+        arch=inp.cell.env.gpu.arch.removeprefix("sm_"),
+        cache_dir=inp.cache_dir,
+    )
+    return entry_verdict(result, needs_gpu=needs_gpu), result.cached
+
+
+def entry_verdict(result: traceprobe.ProbeResult, *, needs_gpu: bool) -> Verdict:
+    if result.traceable is True:
+        detail = "no-gpu" if needs_gpu else "stages"
+        evidence = (f"{_probed(result)}: {result.evidence}",)
+        return Verdict(kind="skipped", detail=detail, excerpt=result.evidence, evidence=evidence)
+    if result.traceable is False:
+        return untraceable(result)
+    if "LookupError" in result.error:
+        return Verdict(
+            kind="predicted-fail", detail="fp4-entry-missing", excerpt=result.error, evidence=(_probed(result),)
+        )
+    return verdict.error("probe", result.error or "the trace probe gave no answer")
 
 
 def preamble(cells: Sequence[Cell], engine: Engine, cache_dir: Path) -> list[str]:

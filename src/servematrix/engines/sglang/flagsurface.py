@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
+from servematrix import verdict
 from servematrix.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION, platform_parts
 from servematrix.util import atomic_write, run_captured
 
@@ -74,6 +75,19 @@ def download_target(python_version: str = DEFAULT_PYTHON_VERSION, platform: str 
 
 class FlagSurfaceError(RuntimeError):
     """The wheel could not be fetched or does not look like an sglang server."""
+
+
+class IndexUnreachable(FlagSurfaceError):
+    """No package index answered pip: found once per process (a run), and every later download is refused
+    at once with the same message, so a host without an index (a GPU node) pays one attempt, not one per
+    cell."""
+
+
+# pip's defaults (5 retries with backoff; a configured timeout may be minutes) cost ~11 s per download on a
+# host whose index refuses connections; one retry still tells a dead index from a dropped packet.
+PIP_NETWORK = ("--retries", "1", "--timeout", "15")
+# The reason no index answered, per pip command and PIP_* configuration, for the rest of this process.
+_unreachable: dict[tuple[str, ...], str] = {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,11 +254,16 @@ def download_wheel(sglang_version: str, *, dest: Path, target: Sequence[str] | N
     existing = _find_wheel(dest, sglang_version)
     if existing:
         return existing
+    pip = _pip_command()
+    index = (*pip, *sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("PIP_")))
+    if index in _unreachable:
+        raise IndexUnreachable(_unreachable[index])
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
         cmd = [
-            *_pip_command(),
+            *pip,
             "download",
+            *PIP_NETWORK,
             "--no-deps",
             "--disable-pip-version-check",
             *(target or download_target()),
@@ -255,7 +274,15 @@ def download_wheel(sglang_version: str, *, dest: Path, target: Sequence[str] | N
         proc = run_captured(cmd, timeout_s=900)
         found = _find_wheel(Path(tmp), sglang_version)
         if proc.returncode != 0 or not found:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            output = proc.stderr or proc.stdout
+            network = _network_failure(output)
+            if network is not None and not found:
+                _unreachable[index] = (
+                    f"no package index is reachable from this host (pip download: {network}); "
+                    "no wheel is read for the rest of this run"
+                )
+                raise IndexUnreachable(_unreachable[index])
+            tail = "\n".join(output.strip().splitlines()[-5:])
             raise FlagSurfaceError(f"could not download sglang=={sglang_version}: {tail}")
         final = dest / found.name
         os.replace(found, final)
@@ -771,6 +798,15 @@ def _find_wheel(folder: Path, version: str) -> Path | None:
         return None
     for path in sorted(folder.glob(f"sglang-{version}-*.whl")):
         return path
+    return None
+
+
+def _network_failure(output: str) -> str | None:
+    """The network failure pip's output names (harness_faults.toml's build patterns), else None."""
+    for pattern in verdict.harness_faults().build.network_patterns:
+        found = pattern.search(output)
+        if found:
+            return found.group(0)
     return None
 
 

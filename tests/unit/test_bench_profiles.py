@@ -1,0 +1,127 @@
+"""The bench's profiles, the pooling of server starts through the one aggregation, and the A/B on the metric of
+the phase a mode changes. Reports come from the real client against the FAKE streaming server
+(tests/fakes/fake_openai_server.py), whose per-token delay sets the figures."""
+
+import dataclasses
+
+import pytest
+
+from servematrix.stages import bench
+from servematrix.stages.bench import BenchReport, LevelSummary, Workload, run_workload_sync
+from tests.fakes.fake_openai_server import FakeBehavior, FakeOpenAIServer
+
+
+def _report(delay_s: float, *, profile: str = "decode", repeats: int = 2, ttft_delay_s: float = 0.0) -> BenchReport:
+    behavior = FakeBehavior(token_delay_s=delay_s, first_token_delay_s=ttft_delay_s)
+    with FakeOpenAIServer(behavior) as srv:
+        w = Workload(
+            concurrency=(1, 2),
+            input_len=16 if profile == "decode" else 64,
+            output_len=4 if profile == "decode" else 1,
+            prompts_per_concurrency=3,
+            warmup=1,
+            repeats=repeats,
+            profile=profile,
+        )
+        return run_workload_sync(srv.base_url, "m", w)
+
+
+def test_every_repeat_stores_ttft_input_and_output_tok_s():
+    report = _report(0.001)
+    for level in report.levels:
+        assert level.input_tok_s is not None and level.input_tok_s.min > 0
+        assert level.ttft_mean_s is not None and level.ttft_mean_s.min > 0
+        for run in level.runs:
+            assert run.input_tok_s == pytest.approx(run.prompt_tokens / run.wall_s)
+            assert run.output_tok_s > 0 and run.ttft.mean is not None
+
+
+def test_a_stored_report_reads_back_to_the_same_figures():
+    record = _report(0.001).to_dict()
+    assert BenchReport.from_dict(record).to_dict() == record
+
+
+def test_pooled_starts_are_the_aggregation_of_all_their_runs_in_every_field():
+    fast, slow = _report(0.0005).to_dict(), _report(0.004, repeats=3).to_dict()
+    pooled = bench.pool_starts([fast, slow])
+    assert pooled is not None and pooled["starts"] == 2
+    for level in pooled["levels"]:
+        c = level["concurrency"]
+        parts = [BenchReport.from_dict(r).level(c) for r in (fast, slow)]
+        runs = [dataclasses.replace(run, start=i) for i, part in enumerate(parts, 1) for run in part.runs]
+        expected = LevelSummary.of(c, runs, min_level_s=parts[0].min_level_s)
+        assert [r["start"] for r in level["runs"]] == [1, 1, 2, 2, 2]
+        for name in ("output_tok_s", "request_s", "wall_s", "client_cpu_s", "input_tok_s", "ttft_mean_s"):
+            assert level[name] == dataclasses.asdict(getattr(expected, name)), name
+        for name in ("error_count", "completion_tokens", "floor_met", "client_busy", "client_bound"):
+            assert level[name] == getattr(expected, name), name
+        assert level["warmup_requests"] == sum(p.warmup_requests for p in parts)
+        # The spread covers both starts: the slow start's worst repeat and the fast start's best.
+        assert level["output_tok_s"]["min"] == min(p.output_tok_s.min for p in parts)
+        assert level["output_tok_s"]["max"] == max(p.output_tok_s.max for p in parts)
+    assert pooled["duration_s"] == pytest.approx(fast["duration_s"] + slow["duration_s"])
+    assert pooled["completion_tokens"] == fast["completion_tokens"] + slow["completion_tokens"]
+
+
+def test_a_nested_profile_is_pooled_too():
+    first = {**_report(0.001).to_dict(), "prefill": _report(0.001, profile="prefill").to_dict()}
+    second = {**_report(0.002).to_dict(), "prefill": _report(0.002, profile="prefill").to_dict()}
+    pooled = bench.pool_starts([first, second])
+    assert pooled is not None
+    assert pooled["prefill"]["starts"] == 2
+    assert len(pooled["prefill"]["levels"][0]["runs"]) == 4
+
+
+def test_ttft_speedup_is_oriented_so_that_faster_is_above_one():
+    slow = _report(0.0, profile="prefill", repeats=3, ttft_delay_s=0.03).to_dict()
+    fast = _report(0.0, profile="prefill", repeats=3, ttft_delay_s=0.005).to_dict()
+    base = {**_report(0.001).to_dict(), "prefill": slow}
+    treat = {**_report(0.001).to_dict(), "prefill": fast}
+    found = bench.compare(base, treat, "prefill")
+    headline = found.headline
+    assert headline is not None and headline.metric == "ttft" and headline.concurrency == 1
+    assert headline.ratio > 2 and not headline.inconclusive
+    assert headline.heading == "TTFT @1, 64 in"
+    assert {s.metric for s in found.judged} == {"ttft", "input_tok_s"}
+    # decode figures stand beside a prefill mode's; same server speed, so the decode range holds 1.0 or near.
+    assert {s.concurrency for s in found.decode} == {1, 2}
+    assert all(s.metric == "output_tok_s" for s in found.decode)
+    # the other way round it is a slowdown
+    assert bench.compare(treat, base, "prefill").headline.ratio < 0.5
+
+
+def test_decode_mode_is_judged_on_output_tok_s_at_every_level():
+    base, treat = _report(0.004, repeats=3).to_dict(), _report(0.0005, repeats=3).to_dict()
+    found = bench.compare(base, treat, "decode")
+    assert [s.concurrency for s in found.judged] == [1, 2] and not found.decode
+    assert all(s.metric == "output_tok_s" and s.ratio > 1 for s in found.judged)
+
+
+def test_a_range_that_holds_one_is_inconclusive():
+    base, treat = _report(0.001).to_dict(), _report(0.001).to_dict()
+    # Make one treatment repeat slower than every baseline repeat and one faster: the pair range holds 1.0.
+    level = treat["levels"][0]
+    low, high = (
+        min(r["output_tok_s"] for r in base["levels"][0]["runs"]),
+        max(r["output_tok_s"] for r in base["levels"][0]["runs"]),
+    )
+    level["runs"][0]["output_tok_s"], level["runs"][1]["output_tok_s"] = low * 0.5, high * 2
+    found = bench.speedup(base, treat, level["concurrency"])
+    assert found.low < 1 < found.high and found.inconclusive
+    assert "inconclusive" in found.range_text
+
+
+def test_a_record_without_the_prefill_profile_has_no_prefill_comparison():
+    base, treat = _report(0.001).to_dict(), _report(0.001).to_dict()
+    found = bench.compare(base, treat, "prefill")
+    assert found.judged == () and found.headline is None and found.decode
+
+
+def test_old_records_without_input_tok_s_still_compare():
+    base, treat = ({**_report(0.002).to_dict(), "prefill": _report(0.0, profile="prefill").to_dict()} for _ in "ab")
+    for record in (base, treat):
+        for level in record["prefill"]["levels"]:
+            for run in level["runs"]:
+                del run["input_tok_s"]
+    found = bench.speedup(base, treat, 1, metric="input_tok_s")
+    assert found.baseline_repeats == 2 and found.ratio > 0
