@@ -2,6 +2,9 @@
 
 nox -s matrix                      # run the default matrix (matrix/glm5-nvfp4.toml)
 nox -s matrix -- matrix/cpu-smoke.toml --select mode=static
+nox -s report                      # a report of the store, into .servematrix/report/
+nox -s recommend                   # which stack to pick, per GPU kind
+nox -s plan -- matrix/glm5-nvfp4.toml --format json
 nox -s tests                       # the whole test suite (needs ci/install-system-deps.sh once)
 nox -s tests -- -m "not slow"      # the quick tests
 nox -s lint                        # ruff, mypy, shellcheck (pinned)
@@ -26,6 +29,27 @@ def matrix(session: nox.Session) -> None:
     """Run a matrix: nox -s matrix -- [MATRIX] [--select EXPR]... [--stages ...] (see servematrix run --help)."""
     session.install(".")
     session.run("servematrix", "run", *session.posargs)
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """A report of the store: nox -s report -- [--store PATH] [--out DIR] [--publish] (see servematrix report --help)."""
+    session.install(".")
+    session.run("servematrix", "report", *session.posargs)
+
+
+@nox.session
+def recommend(session: nox.Session) -> None:
+    """Which stack to pick per GPU kind: nox -s recommend -- [MATRIX] [--store PATH] [--format json]."""
+    session.install(".")
+    session.run("servematrix", "recommend", *session.posargs)
+
+
+@nox.session
+def plan(session: nox.Session) -> None:
+    """A matrix's cells: nox -s plan -- [MATRIX] [--select EXPR]... [--format table|json|github]."""
+    session.install(".")
+    session.run("servematrix", "plan", *session.posargs)
 
 
 @nox.session

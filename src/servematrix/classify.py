@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
-from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from servematrix import tomlsource
 from servematrix.errors import InputError, Location
@@ -102,6 +102,12 @@ Text = Annotated[str, BeforeValidator(_text)]
 Regex = Annotated[re.Pattern[str], BeforeValidator(_regex)]
 
 
+# In an evidence label, `{name}` is what the pattern's group `(?P<name>...)` matched, and `{name-N}` or
+# `{name+N}` that number less or plus N: the arithmetic that makes a number in a log line mean something
+# (sglang's gRPC port is --port + 10000).
+_PLACEHOLDER = re.compile(r"\{(\w+)(?:([+-])(\d+))?\}")
+
+
 class Evidence(DataTable):
     label: Text
     patterns: tuple[Regex, ...]
@@ -112,6 +118,26 @@ class Evidence(DataTable):
         if not patterns:
             raise ValueError("needs at least one pattern")
         return patterns
+
+    @model_validator(mode="after")
+    def _placeholders_are_groups(self) -> Evidence:
+        for name in (found.group(1) for found in _PLACEHOLDER.finditer(self.label)):
+            for pattern in self.patterns:
+                if name not in pattern.groupindex:
+                    raise ValueError(f"label names {{{name}}}, a group pattern {pattern.pattern!r} does not have")
+        return self
+
+    def text(self, found: re.Match[str]) -> str:
+        """The label, its placeholders filled from what the pattern matched."""
+
+        def fill(placeholder: re.Match[str]) -> str:
+            value = found.group(placeholder.group(1)) or ""
+            if placeholder.group(2) is None or not value.isdigit():
+                return value
+            offset = int(placeholder.group(3))
+            return str(int(value) - offset if placeholder.group(2) == "-" else int(value) + offset)
+
+        return _PLACEHOLDER.sub(fill, self.label)
 
 
 class Signature(DataTable):
@@ -648,6 +674,7 @@ class LogScanner:
         self._candidates: dict[str, _Candidate] = {}
         self._collecting: list[_Candidate] = []
         self._evidence_seen: set[tuple[str, str]] = set()
+        self._evidence_text: dict[tuple[str, str], str] = {}  # labels with placeholders, filled
         self._fatal_reported = False
         self._ranked = sorted(self.signatures, key=lambda s: -s.priority)
         self._tracebacks = TracebackReader()  # an import-time failure between two packages names both
@@ -740,8 +767,9 @@ class LogScanner:
             for probe in hits:
                 if probe.evidence is None:
                     matched.add(probe.signature)
-                else:
+                elif (probe.signature, probe.evidence) not in self._evidence_seen:
                     self._evidence_seen.add((probe.signature, probe.evidence))
+                    self._fill_evidence(probe, text)
             if matched:
                 fatal = self._record_classes(number, text, matched)
         self._before.append(text)
@@ -749,6 +777,14 @@ class LogScanner:
             return None
         self._fatal_reported = True
         return self._match(fatal)
+
+    def _fill_evidence(self, probe: _Probe, text: str) -> None:
+        """An evidence label with placeholders, filled from its first matching line."""
+        signature = self.signatures.get(probe.signature)
+        evidence = next((e for e in signature.evidence if e.label == probe.evidence), None) if signature else None
+        found = probe.pattern.search(text)
+        if evidence is not None and found is not None and _PLACEHOLDER.search(evidence.label):
+            self._evidence_text[(probe.signature, evidence.label)] = evidence.text(found)
 
     def _record_classes(self, number: int, text: str, matched: set[str]) -> _Candidate | None:
         fatal = None
@@ -778,7 +814,9 @@ class LogScanner:
         redacted = redact("\n".join(candidate.context), self._env)
         excerpt = "\n".join(_clip(line) for line in redacted.split("\n"))
         evidence = [
-            evidence.label for evidence in signature.evidence if (signature.id, evidence.label) in self._evidence_seen
+            self._evidence_text.get((signature.id, evidence.label), evidence.label)
+            for evidence in signature.evidence
+            if (signature.id, evidence.label) in self._evidence_seen
         ]
         if self.truncation_note:
             evidence.append(self.truncation_note)
@@ -819,6 +857,14 @@ def classify_file(
 ) -> dict[str, Any]:
     """The design contract `{class, title, line, excerpt}`; every value is None when nothing matches.
     Lines cut for scanning are named on stderr (the contract has no place for them)."""
+    found = match_file(path, engine, env=env)
+    return found.to_contract() if found is not None else dict(NO_MATCH)
+
+
+def match_file(
+    path: Path | str, engine: str | Signatures = "sglang", *, env: Mapping[str, str] | None = None
+) -> Match | None:
+    """The most specific known cause in a log file, with its evidence, or None."""
     try:
         with open(path, "rb") as log:
             scanner = scan_stream(log, engine, env=env)
@@ -826,8 +872,7 @@ def classify_file(
         raise InputError(f"cannot read log file: {exc.strerror}", Location(file=path)) from None
     if scanner.truncation_note:
         print(f"warning: {path}: {scanner.truncation_note}", file=sys.stderr)
-    found = scanner.best()
-    return found.to_contract() if found is not None else dict(NO_MATCH)
+    return scanner.best()
 
 
 def scan_stream(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from servematrix.bisection.command import cmd_bisect
 from servematrix.errors import EXIT_BAD_INPUT, InputError
-from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, add_options, validate
+from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, Parser, add_options, validate
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.store import DEFAULT_STORE
 
@@ -25,7 +25,7 @@ TABLE_NAME = "compatibility.md"
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command, with the options servematrix.options declares for it."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="servematrix",
         description="Which torch x SGLang x FlashInfer x CUDA combinations serve your model, how fast, "
         "and why the others crash.",
@@ -99,14 +99,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         trust_probe=args.trust_probe,
         model_roots=tuple(args.model_root),
     )
-    for line in preamble(plan, options):
-        _say(line)
     if args.python and args.backend != "existing":
         raise InputError("--python is for --backend existing")
+    for line in preamble(plan, options):
+        _say(line)
+    builds = builds_here(plan, stages)
     backend = select_backend(
-        args.backend, workdir=args.workdir, plan=plan, builds=builds_here(plan, stages), notice=_say, python=args.python
+        args.backend, workdir=args.workdir, plan=plan, builds=builds, notice=_say, python=args.python
     )
-    _say(f"backend: {backend.name}")
+    # Only a run that builds an environment uses its backend: naming one that was never tried would mislead.
+    _say(f"backend: {backend.name}" if builds else "backend: none used (no environment is built on this host)")
     # SIGINT and SIGTERM end the run cleanly (servers stopped, cells marked interrupted, exit 130), even when
     # the harness was started with SIGINT ignored, as a shell's background job is: Python then leaves it so.
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -121,7 +123,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"store {store}",
         file=sys.stderr,
     )
+    for line in next_steps(store, reported=report_table):
+        _say(line)
     return _regression_exit(regressions, args.fail_on_regression)
+
+
+def command_hint(command: str, *args: str) -> str:
+    """How to run a servematrix command from here: the nox session that runs it when nox ran this one (its venv
+    is on PATH only inside nox: the README's route) or servematrix is not on PATH, else `servematrix ...`."""
+    import shutil
+
+    if "NOX_CURRENT_SESSION" not in os.environ and shutil.which("servematrix") is not None:
+        return shlex.join(["servematrix", command, *args])
+    session = NOX_SESSIONS[command]
+    return shlex.join(["nox", "-s", session, *(["--", *args] if args else [])])
+
+
+# The nox session that runs each servematrix command (noxfile.py); `matrix` is the README's first command.
+NOX_SESSIONS = {"run": "matrix", "report": "report", "recommend": "recommend", "plan": "plan", "lock": "lock"}
+
+
+def next_steps(store: Path, *, reported: Path | None) -> list[str]:
+    """What to do with a run's results: where its report is, or how to make one, and how to pick a stack."""
+    from servematrix.report.site import HTML_NAME
+
+    store_args = () if store == DEFAULT_STORE else ("--store", str(store))
+    if reported is not None:
+        report = f"report: {reported.parent / HTML_NAME}"
+    else:
+        report = f"report: `{command_hint('report', *store_args)}` writes {PREVIEW_DIR / HTML_NAME}"
+    return [report, f"which stack to pick: `{command_hint('recommend', '--store', str(store))}`"]
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -197,6 +228,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.from_published and (args.store is not None or args.prune):
         raise InputError("--from-published renders the published results alone: it takes no --store nor --prune")
     out = args.out or (PUBLISHED_SITE if args.publish else PREVIEW_DIR)
+    store = args.store or DEFAULT_STORE
+    if not args.from_published and not store.exists():
+        raise InputError(no_store_yet(store))
     regressions = _write_report(
         args.store,
         out / TABLE_NAME,
@@ -206,6 +240,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         from_published=args.from_published,
     )
     return _regression_exit(regressions, args.fail_on_regression)
+
+
+def no_store_yet(store: Path) -> str:
+    """Why `report` has nothing to report yet, and the two ways to get something: run, or the published results."""
+    from servematrix.pipeline import CPU_SMOKE
+    from servematrix.report.site import HTML_NAME
+
+    return (
+        f"{store}: no such store: nothing has run here yet. Run a matrix first (`{command_hint('run', CPU_SMOKE)}` "
+        f"on any CPU), or read the published results, {PUBLISHED_SITE / HTML_NAME} (rendered again from "
+        f"{PUBLISHED_SITE / RECORD} by `{command_hint('report', '--publish', '--from-published')}`; "
+        "`recommend` reads that record when given no --store)"
+    )
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -309,17 +356,18 @@ def _tiny_model_python() -> list[str]:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    from servematrix.classify import classify_file
+    from servematrix.classify import NO_MATCH, match_file
 
     if not args.logfile.is_file():
         raise InputError(f"{args.logfile}: no such log file")
-    result = classify_file(args.logfile, engine=args.engine)
+    found = match_file(args.logfile, engine=args.engine)
     if args.format == "json":
-        print(json.dumps(result, indent=2))
-    elif result["class"] is None:
+        print(json.dumps(found.to_contract() if found is not None else NO_MATCH, indent=2))
+    elif found is None:
         print("no known failure signature matched")
     else:
-        print(f"{result['class']}: {result['title']} (line {result['line']})\n\n{result['excerpt']}")
+        evidence = "".join(f"evidence: {line}\n" for line in found.evidence)
+        print(f"{found.cls}: {found.title} (line {found.line})\n{evidence}\n{found.excerpt}")
     return 0
 
 

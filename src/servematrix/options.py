@@ -18,6 +18,7 @@ declared once for each meaning.
 from __future__ import annotations
 
 import argparse
+import difflib
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,17 +40,45 @@ DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
 NIX_ENVS = Path("nix/envs.json")
 EXIT_REGRESSION = 3
 
-EPILOG = """\
-examples:
-  servematrix plan matrix/glm5-nvfp4.toml --select 'sglang>=0.5.10' --select mode=piecewise
-  servematrix plan matrix/glm5-nvfp4.toml --format github --max-jobs 64
-  servematrix plan matrix/cpu-smoke.toml --shard 1/2 --format json
-
+SELECT_HELP = """\
 select expressions: KEY OP VALUE terms joined by commas, all of which must hold. Keys are the
 matrix axes (sglang, torch, flashinfer, cuda, gpu, ...), mode, engine, env and id (id prefixes).
 OP is = (exact; VALUE may be a|b), != or a version comparison (>=, <, ~=, ...):
   --select 'sglang>=0.5.10,<0.5.14'   --select 'gpu=b200|rtx-pro-6000'   --select env=3fa9
 """
+
+# `servematrix --help`: the commands a newcomer runs first, in the order they run them.
+EPILOG = f"""\
+common commands:
+  servematrix run matrix/cpu-smoke.toml           every stage, serving and benchmarking included, on a CPU
+  servematrix run                                 the default matrix ({DEFAULT_MATRIX}); where the host lacks
+                                                  its GPUs, the CPU pre-flight only (resolve, import, probe)
+  servematrix run --stages resolve,import,probe   the pre-flight alone, on any host
+  servematrix report                              a report of the store, into {PREVIEW_DIR}/
+  servematrix recommend                           which stack to pick per GPU kind (the published results)
+  servematrix plan matrix/glm5-nvfp4.toml         a matrix's cells, their ids and server argv
+  servematrix classify server.log                 the failure cause in a server log
+
+From a clone without servematrix on PATH, nox runs them: nox -s matrix|report|recommend|plan -- ARGS.
+
+{SELECT_HELP}"""
+
+PLAN_EPILOG = f"""\
+examples:
+  servematrix plan matrix/glm5-nvfp4.toml --select 'sglang>=0.5.10' --select mode=piecewise
+  servematrix plan matrix/glm5-nvfp4.toml --format github --max-jobs 64
+  servematrix plan matrix/cpu-smoke.toml --shard 1/2 --format json
+
+{SELECT_HELP}"""
+
+RUN_EPILOG = f"""\
+examples:
+  servematrix run matrix/cpu-smoke.toml                                    every stage, on a CPU
+  servematrix run --select 'sglang>=0.5.12' --stages resolve,import,probe  pre-flight only: no GPU needed
+  servematrix run matrix/cpu-smoke.toml --rerun --report out/              run again, and write a report
+  servematrix run matrix/h200-smoke.toml --backend existing --python PATH  serve from an existing install
+
+{SELECT_HELP}"""
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -63,6 +92,35 @@ def stage_list(name: str, text: str) -> tuple[str, ...]:
     if unknown or not wanted:
         raise InputError(f"{name} {text!r}: unknown stage(s) {unknown} (stages: {','.join(STAGES)})")
     return tuple(s for s in STAGES if s in wanted)
+
+
+def did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    """`; did you mean 'docker'?` when one candidate is close to `word`, else nothing."""
+    close = difflib.get_close_matches(word, list(candidates), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def one_of(name: str, value: str | None, choices: Sequence[str]) -> str | None:
+    """A value of an option with choices; any other is an InputError that suggests the closest."""
+    if value is not None and value not in choices:
+        raise InputError(
+            f"{name}: invalid choice: {value!r}{did_you_mean(value, choices)} (choices: {', '.join(choices)})"
+        )
+    return value
+
+
+def matrix_file(name: str, path: Path) -> Path:
+    """A matrix file that exists; a misspelt one is an InputError naming the matrix files beside it (or in
+    matrix/, where the README's matrices are)."""
+    if path.is_file():
+        return path
+    folder = path.parent if path.parent.is_dir() and path.parent != Path(".") else DEFAULT_MATRIX.parent
+    known = sorted(str(folder / p.name) for p in folder.glob("*.toml")) if folder.is_dir() else []
+    close = difflib.get_close_matches(str(path), known, n=1, cutoff=0.5)
+    suggestion = f"; did you mean {close[0]}?" if close else ""
+    listing = f" (matrix files in {folder}/: {', '.join(Path(k).name for k in known)})" if known else ""
+    what = "not a file" if path.exists() else "no such matrix file"
+    raise InputError(f"{path}: {what}{suggestion}{listing}")
 
 
 def at_least_one(name: str, value: int | None) -> int | None:
@@ -197,22 +255,23 @@ COMMANDS: tuple[Command, ...] = (
         name="plan",
         help="expand a matrix into cells and print them",
         description="Expand a matrix into cells with stable ids and the exact server argv of each.",
-        epilog=EPILOG,
+        epilog=PLAN_EPILOG,
     ),
     Command(
         name="run",
         help="run the cells of a matrix through the stages and store the results",
-        description="Run cells through resolve → build → probe → serve → bench. Exit 0 when the harness "
+        description=f"Run cells through {' → '.join(STAGES)} (import and probe are CPU pre-flights; on a host "
+        "without a cell's GPUs it runs those alone and ends skipped:no-gpu). Exit 0 when the harness "
         "worked, even if cells failed (failures are data); 2 on bad input; 130 when interrupted. Cells whose "
         "inputs are unchanged since a finished run are not run again (--rerun forces them).",
-        epilog=EPILOG,
+        epilog=RUN_EPILOG,
     ),
     Command(
         name="lock",
         help="resolve a lock file per environment with uv",
         description="Resolve each environment's requirements for its target Python and platform, with hashes. "
         "status: resolved | unresolvable (the stack cannot be installed) | error (infrastructure; retried).",
-        epilog=EPILOG,
+        epilog=SELECT_HELP,
     ),
     Command(
         name="report",
@@ -271,7 +330,7 @@ COMMANDS: tuple[Command, ...] = (
         description="Write and submit one Slurm job array per GPU kind (one task per group of environments, "
         "GPUs and time limit from the spec, each task with its own store) and a merge job that runs after "
         "all of them, merges the stores and writes the table. Scripts, task logs and stores go under --out.",
-        epilog=EPILOG,
+        epilog=SELECT_HELP,
         passes_to="run",
     ),
     Command(
@@ -291,6 +350,7 @@ OPTIONS: tuple[Option, ...] = (
         nargs="?",
         default=DEFAULT_MATRIX,
         help=f"a matrix TOML file (default: {DEFAULT_MATRIX})",
+        check=matrix_file,
         commands=PLANNED,
     ),
     Option(
@@ -717,9 +777,20 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
             option.add_to(parser)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a value that is not among an option's choices (or a misspelt command) is the
+    one-line InputError of `one_of`, with a did-you-mean, instead of argparse's usage and bare list."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's own hook for this check (a private method, unchanged since Python 3.2).
+        if action.choices is not None and value not in action.choices:
+            name = action.option_strings[0] if action.option_strings else (action.metavar or action.dest)
+            one_of(str(name), value, [str(c) for c in action.choices])
+
+
 def command_parser(command: str, *, prog: str) -> argparse.ArgumentParser:
     """A parser for one command alone (`python -m servematrix.nixexport` is `servematrix nix-export`)."""
-    parser = argparse.ArgumentParser(prog=prog, **COMMAND[command].parser_kwargs())
+    parser = Parser(prog=prog, **COMMAND[command].parser_kwargs())
     add_options(parser, command)
     parser.set_defaults(command=command)
     return parser

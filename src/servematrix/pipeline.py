@@ -29,7 +29,7 @@ from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, StackImportError, check_model_path, ensure_model
 from servematrix.plan import Plan
-from servematrix.progress import RunProgress, print_summary
+from servematrix.progress import RunProgress, Step, Work, announce, free_disk_gb, print_summary, skip_message, wrap_free
 from servematrix.reaper import reap_orphans
 from servematrix.redact import (
     MissingSecretError,
@@ -94,40 +94,102 @@ def builds_here(plan: Plan, stages: Sequence[str]) -> list[str]:
 
 
 def preamble(plan: Plan, options: RunOptions) -> list[str]:
-    """What the run will do, said before it starts: on a host without the matrix's GPUs most of the work is
-    CPU pre-flight, and the trace probe downloads CUDA builds of torch."""
+    """What the run will do, said before it starts (progress.announce of planned_work)."""
+    return announce(planned_work(plan, options))
+
+
+def unchanged(store: Store, plan: Plan, cell: Cell, options: RunOptions) -> bool:
+    """Whether a cell's finished result still stands, so the run does not run it again."""
+    return not options.rerun and store.finished(cell.id, inputs_hash(plan, cell, options.stages)) is not None
+
+
+def cell_stages(plan: Plan, cell: Cell, stages: Sequence[str]) -> tuple[str, ...]:
+    """The stages a cell will really go through here: the CPU ones where the host lacks its GPUs (import only
+    there), probe only for an engine with pre-flights of its own, serve only after a build, bench after serve."""
+    if not cell.applicable:
+        return ()
+    engine = plan.spec.engine
+    ready = gpu_ready(cell.env)
+    wanted = [s for s in stages if (s in CPU_STAGES or ready)]
+    drop = set()
+    if ready or "import" not in engine.preflight or "resolve" not in stages:
+        drop.add("import")
+    if not any(name in Hooks.of(engine).preflights for name in engine.preflight):
+        drop.add("probe")
+    if "build" not in wanted:
+        drop |= {"serve", "bench"}
+    if "serve" not in wanted:
+        drop.add("bench")
+    return tuple(s for s in wanted if s not in drop)
+
+
+def planned_work(plan: Plan, options: RunOptions) -> Work:
+    """The work this run will do, as data: the cells it will run (not those unchanged since their last
+    finished run), the stages they will go through, and the costly steps counted."""
     host = hostinfo.host()
     envs = {c.env_id: c.env for c in plan.cells}
     gpus = ", ".join(sorted({f"{host.count(g.arch)}x {g.arch}" for g in host.gpus})) or "no NVIDIA GPU found"
-    lines = [
-        f"{plan.spec.path}: {len(plan.cells)} cell(s) in {len(envs)} environment(s); "
-        f"stages {','.join(options.stages)}; this host: {gpus}"
-    ]
-    lacking = [c for c in plan.cells if c.applicable and not gpu_ready(c.env)]
+    skipped: set[str] = set()
+    if options.store.is_file() and not options.rerun:  # read only: a run that never starts creates no store
+        with Store(options.store) as store:
+            skipped = {c.id for c in plan.cells if unchanged(store, plan, c, options)}
+    to_run = [c for c in plan.cells if c.id not in skipped]
+    stages_of = {c.id: cell_stages(plan, c, options.stages) for c in to_run}
+    lacking = [c for c in to_run if c.applicable and not gpu_ready(c.env)]
+    lacking_lines: list[str] = []
     if lacking:
         kinds = ", ".join(
             sorted({f"{c.env.axes.get('gpu', '?')} ({c.env.gpu.count}x {c.env.gpu.arch})" for c in lacking})
         )
-        here = [s for s in options.stages if s in CPU_STAGES]
-        lines.append(
+        here = [s for s in STAGES if any(s in stages_of[c.id] for c in lacking)]
+        lacking_lines.append(
             f"{len(lacking)} cell(s) need GPUs this host lacks: {kinds}. Here they run "
             f"{','.join(here) or 'no stage'} and end skipped:no-gpu, or with the CPU probe's verdict."
         )
-        if len(lacking) == sum(c.applicable for c in plan.cells):
-            lines.append(f"To run every stage on this machine's CPU instead: nox -s matrix -- {CPU_SMOKE}")
+        if len(lacking) == sum(c.applicable for c in to_run):
+            lacking_lines.append(f"To run every stage on this machine's CPU instead: nox -s matrix -- {CPU_SMOKE}")
     engine = plan.spec.engine
-    imports = {c.env_id for c in lacking} if "import" in options.stages and "import" in engine.preflight else set()
+    steps = []
+    imports = {c.env_id for c in lacking if "import" in stages_of[c.id]}
     if imports:
-        cost = f"{engine.import_check.cost}; " if engine.import_check.cost else ""
-        lines.append(
-            f"The import check installs each of {len(imports)} environment lock(s) in turn on this CPU and imports "
-            f"{', '.join(engine.import_check.modules)} ({cost}removed after, results cached). --stages "
-            "resolve,probe skips it."
+        lock_dir = options.lock_dir or default_lock_dir(plan)
+        cache = options.workdir / "cache"
+        locks = {env_id: lock_dir / f"{env_id}.lock.txt" for env_id in imports}
+        locked = {e for e, lock in locks.items() if lock.is_file()}
+        todo = {e for e in locked if importcheck.recorded(locks[e], engine, cache_dir=cache) is None}
+        check = engine.import_check
+        steps.append(
+            Step(
+                stage="import",
+                count=len(todo),
+                # Without a lock yet, resolving comes first, and an unresolvable environment needs no install.
+                maybe=len(imports - locked),
+                what=f"environment lock(s) installed in turn on this CPU and {', '.join(check.modules)} imported",
+                cost=check.cost,
+                each_gb=check.cost_gb,
+                each_minutes=check.cost_minutes,
+                note="each venv is removed after its check, uv's cache keeps the wheels; --stages resolve,probe "
+                "skips it",
+            )
         )
     hooks = Hooks.of(engine)
-    if "probe" in options.stages and hooks.preamble is not None:
-        lines += hooks.preamble([c for c in plan.cells if c.applicable], engine, options.workdir / "cache")
-    return lines
+    notes: list[str] = []
+    probed = [c for c in to_run if "probe" in stages_of[c.id]]
+    if probed and hooks.preamble is not None:
+        notes = hooks.preamble(probed, engine, options.workdir / "cache")
+    return Work(
+        matrix=str(plan.spec.path),
+        cells=len(plan.cells),
+        environments=len(envs),
+        host=gpus,
+        to_run=len(to_run),
+        not_run={"unchanged since their last finished run (--rerun runs them again)": len(skipped)},
+        stages=tuple(s for s in STAGES if any(s in st for st in stages_of.values())),
+        lacking=tuple(lacking_lines),
+        steps=tuple(steps),
+        notes=tuple(notes),
+        free_disk_gb=free_disk_gb(options.workdir),
+    )
 
 
 def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console | None = None) -> Summary:
@@ -254,16 +316,13 @@ class _Runner:
         spec = self.plan.spec
         todo: dict[str, list[Cell]] = {}
         for cell in self.plan.cells:
-            if not self.options.rerun and self.store.finished(cell.id, self._inputs(cell)):
+            if unchanged(self.store, self.plan, cell, self.options):
                 self.summary.skipped_unchanged += 1
                 continue
             todo.setdefault(cell.env_id, []).append(cell)
         total = sum(len(c) for c in todo.values())
         if self.summary.skipped_unchanged:
-            self.console.print(
-                f"{self.summary.skipped_unchanged} cell(s) unchanged since their last finished run: not run again "
-                "(--rerun to force)"
-            )
+            wrap_free(self.console, skip_message(self.summary.skipped_unchanged))
         self._progress = RunProgress(self.console, title=spec.path.name, total=total)
         with self._progress.shown():
             by_id = {c.id: c for c in self.plan.cells}

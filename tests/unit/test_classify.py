@@ -25,6 +25,12 @@ LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 # (fixture, class, deciding line, evidence labels). Lines were read off the fixtures by hand.
 SGLANG_CASES = [
     ("h200-sglang-0.5.12-ipython-missing.log", "missing-module", 14, ()),
+    (
+        "h200-sglang-0.5.12-grpc-port-break.log",
+        "port-out-of-range",
+        23,
+        ("port arithmetic: SGLANG_GRPC_PORT 65827 = --port 55827 + 10000, above 65535",),
+    ),
     ("dynamo-untraceable-sglang-0.5.10.log", "dynamo-untraceable", 22, ("flashinfer fp4 JIT",)),
     ("dynamo-untraceable-sglang-0.5.9-no-wrapper.log", "dynamo-untraceable", 47, ("flashinfer fp4 JIT",)),
     ("real-dynamo-fp4-flashinfer-0.6.3.trace", "dynamo-untraceable", 34, ("flashinfer fp4 JIT",)),

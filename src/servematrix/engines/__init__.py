@@ -97,6 +97,9 @@ class ImportCheckSpec(DataTable):
     env: dict[str, str] = Field(default_factory=dict)
     needs_gpu: tuple[str, ...] = ()
     cost: str = ""  # what one check costs (disk, time), said before a run starts
+    # The same, as numbers the announcement totals: disk while one check runs, and its time (low, high).
+    cost_gb: float | None = Field(default=None, gt=0)
+    cost_minutes: tuple[float, float] | None = None
 
 
 class Readiness(DataTable):
