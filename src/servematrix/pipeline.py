@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from servematrix import hostinfo, ports, tomlsource, verdict
+from servematrix import hostinfo, ports, reuse, tomlsource, verdict
 from servematrix.backends import Backend, Built, LaunchSpec
 from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.engines import Engine, Hooks, PreflightInput, PreflightUnavailable
@@ -59,6 +59,8 @@ class RunOptions:
     workdir: Path = DEFAULT_WORKDIR
     lock_dir: Path | None = None  # default: locks/ beside the matrix file
     rerun: bool = False
+    fresh: bool = False  # reuse no published verdict (reuse.py)
+    published: Path | None = None  # the published record whose CPU verdicts may be reused (the CLI's: reuse.PUBLISHED)
     trust_probe: bool = False
     model_roots: tuple[Path, ...] = ()  # directories besides the workdir where models may be built
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6])
@@ -106,7 +108,11 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
         f"{plan.spec.path}: {len(plan.cells)} cell(s) in {len(envs)} environment(s); "
         f"stages {','.join(options.stages)}; this host: {gpus}"
     ]
-    lacking = [c for c in plan.cells if c.applicable and not gpu_ready(c.env)]
+    known = reuse_for(plan, options)
+    reused, to_check = known.split(plan.cells, lambda env: not gpu_ready(env))
+    if options.published is not None:
+        lines.append(known.plan_line(reused, to_check))
+    lacking = [c for c in to_check if not gpu_ready(c.env)]
     if lacking:
         kinds = ", ".join(
             sorted({f"{c.env.axes.get('gpu', '?')} ({c.env.gpu.count}x {c.env.gpu.arch})" for c in lacking})
@@ -129,8 +135,15 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
         )
     hooks = Hooks.of(engine)
     if "probe" in options.stages and hooks.preamble is not None:
-        lines += hooks.preamble([c for c in plan.cells if c.applicable], engine, options.workdir / "cache")
+        lines += hooks.preamble(to_check, engine, options.workdir / "cache")
     return lines
+
+
+def reuse_for(plan: Plan, options: RunOptions) -> reuse.Reuse:
+    lock_dir = options.lock_dir or default_lock_dir(plan)
+    return reuse.Reuse(
+        plan=plan, stages=options.stages, lock_dir=lock_dir, record=options.published, fresh=options.fresh
+    )
 
 
 def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console | None = None) -> Summary:
@@ -225,6 +238,10 @@ class _Runner:
     @functools.cached_property
     def _hooks(self) -> Hooks:
         return Hooks.of(self.plan.spec.engine)
+
+    @functools.cached_property
+    def _reuse(self) -> reuse.Reuse:
+        return reuse_for(self.plan, self.options)
 
     @functools.cached_property
     def _cpu_split(self) -> bench.CpuSplit | None:
@@ -344,6 +361,7 @@ class _Runner:
             "crossed_pins": state.resolved.crossed if state.resolved else None,
             "image_digest": state.built.image_digest if state.built else None,
             "backend": self.backend.name,
+            "preflight_hash": self._reuse.hash_for(cell),
         }
 
     def _argv_fields(self, argv: Sequence[str]) -> dict[str, Any]:
@@ -355,12 +373,11 @@ class _Runner:
 
     def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
         self.store.record(
-            **{**self._base_row(cell, state), **self._argv_fields(cell.command)},
+            **{**self._base_row(cell, state), **self._argv_fields(cell.command), **extra},
             verdict=str(result),
             excerpt=result.excerpt,
             evidence=list(result.evidence),
             stages=state.stage_seconds,
-            **extra,
         )
         self.summary.verdicts[cell.id] = str(result)
 
@@ -433,6 +450,11 @@ class _Runner:
     def _run_cell(self, state: _EnvState, cell: Cell) -> None:
         if not cell.applicable:
             self._record(cell, state, verdict.skipped("not-applicable", excerpt=cell.reason))
+            return
+        reused = self._reuse.lookup(cell, this_host_lacks_gpus=not gpu_ready(state.env))
+        if reused is not None:  # a published CPU verdict with the same inputs (reuse.py)
+            self._stage(cell, reused.note)
+            self._record(cell, state, reused.verdict, **reuse.provenance(reused.row))
             return
         ended = self._prepare_env(state, cell)
         if ended is not None:
