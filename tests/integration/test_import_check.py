@@ -95,3 +95,18 @@ def test_a_crossed_lock_installs_as_it_is(tmp_path):
         tmp_path / "lock.txt", _engine(modules=("pydantic_core",)), python_version=PYTHON, cache_dir=tmp_path
     )
     assert result.outcome == "pass", result
+
+
+def test_one_lock_body_under_two_headers_is_checked_once_and_says_what_it_fetched(lock, tmp_path):
+    """The two GPU kinds' locks differ only in their headers: the second is the first's result."""
+    engine = _engine(modules=("six",), help=())
+    body = lock.read_text()
+    kinds = []
+    for gpu in ("b200", "rtx-pro-6000"):
+        kinds.append(tmp_path / f"{gpu}.lock.txt")
+        kinds[-1].write_text(f"# servematrix-lock: 1\n# axis: gpu={gpu}\n{body}")
+    first = import_check(kinds[0], engine, python_version=PYTHON, cache_dir=tmp_path / "cache")
+    second = import_check(kinds[1], engine, python_version=PYTHON, cache_dir=tmp_path / "cache")
+    assert (first.outcome, first.cached, second.outcome, second.cached) == ("pass", False, "pass", True)
+    assert first.downloaded.startswith("fetched ") and " of 1 packages" in first.downloaded, first.downloaded
+    assert "uv's cache grew" in first.downloaded and first.downloaded in first.evidence

@@ -13,10 +13,12 @@ removed after the check (uv's cache keeps the wheels, shared by every environmen
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -39,6 +41,7 @@ class ImportCheck:
     excerpt: str = ""
     seconds: float = 0.0
     cached: bool = False
+    downloaded: str = ""  # what its install fetched (`downloads`)
 
 
 def find_python(version: str) -> str | None:
@@ -55,12 +58,66 @@ def find_python(version: str) -> str | None:
     return None
 
 
+@functools.cache
+def code_version() -> str:
+    """The check's own code (this module, the failure classifier it reads import failures with): a cached
+    result of other code is not this check's result."""
+    from servematrix import classify, tracebacks
+
+    digest = hashlib.sha256()
+    for module in (__file__, classify.__file__, tracebacks.__file__):
+        digest.update(Path(module).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def lock_key(lockfile: Path, engine: Engine) -> str:
     """What decides the result: the locked set (not the header, which names the environment, so the same
-    pins on another GPU kind share the result) and the engine's import-check data."""
+    pins on another GPU kind share the result: each distinct body is checked once), the engine's
+    import-check data and the check's code."""
     body = b"".join(line for line in lockfile.read_bytes().splitlines(keepends=True) if not line.startswith(b"#"))
-    wanted = json.dumps({"engine": engine.name, "check": engine.import_check.model_dump()}, sort_keys=True).encode()
+    wanted = json.dumps(
+        {"engine": engine.name, "check": engine.import_check.model_dump(), "code": code_version()}, sort_keys=True
+    ).encode()
     return hashlib.sha256(body + wanted).hexdigest()[:16]
+
+
+def _uv_cache_dir(env: dict[str, str]) -> Path | None:
+    found = run_captured(["uv", "cache", "dir"], env=env, timeout_s=60)
+    return Path(found.stdout.strip()) if found.returncode == 0 and found.stdout.strip() else None
+
+
+def _size_bytes(path: Path | None) -> int | None:
+    """Apparent size of a directory tree (du: a C walk of uv's cache takes about 2 s for 16 GB here)."""
+    if path is None or not path.is_dir() or shutil.which("du") is None:
+        return None
+    run = run_captured(["du", "-sb", str(path)], timeout_s=120)
+    words = run.stdout.split()
+    return int(words[0]) if run.returncode == 0 and words and words[0].isdigit() else None
+
+
+def link_mode(venv: Path, cache: Path | None) -> str:
+    """uv links a venv's files from its shared cache when both are on one filesystem, else copies them
+    (saying so up front spares uv a failed hardlink and its warning per install)."""
+    try:
+        same = cache is not None and venv.parent.stat().st_dev == cache.stat().st_dev
+    except OSError:
+        same = False
+    return "hardlink" if same else "copy"
+
+
+def downloads(stderr: str, cache_growth: int | None) -> str:
+    """What an install fetched, from uv's `Prepared N packages` line and how much its cache grew meanwhile
+    (other uv processes on the host count too: it is an upper bound)."""
+    prepared = re.search(r"Prepared (\d+) packages?", stderr)
+    installed = re.search(r"Installed (\d+) packages?", stderr)
+    parts = []
+    if prepared or installed:
+        parts.append(
+            f"fetched {prepared.group(1) if prepared else 0} of {installed.group(1) if installed else '?'} packages"
+        )
+    if cache_growth is not None:
+        parts.append(f"uv's cache grew {max(cache_growth, 0) / 1e9:.2f} GB")
+    return ", ".join(parts)
 
 
 def import_check(
@@ -76,9 +133,16 @@ def import_check(
             return ImportCheck(**{**data["result"], "cached": True})
     started = time.monotonic()
 
+    fetched = ""
+
     def done(outcome: Outcome, klass: str = "", evidence: str = "", excerpt: str = "") -> ImportCheck:
         result = ImportCheck(
-            outcome=outcome, klass=klass, evidence=evidence, excerpt=excerpt[-3000:], seconds=time.monotonic() - started
+            outcome=outcome,
+            klass=klass,
+            evidence=f"{evidence} ({fetched})" if fetched and evidence else evidence,
+            excerpt=excerpt[-3000:],
+            seconds=time.monotonic() - started,
+            downloaded=fetched,
         )
         if outcome in ("pass", "fail", "inconclusive"):  # facts about the lock; an error may pass
             record = {"schema": RESULT_SCHEMA, "lock": lockfile.name, "result": asdict(result)}
@@ -92,6 +156,10 @@ def import_check(
     shutil.rmtree(venv, ignore_errors=True)
     env = uv_env(NO_COLOR="1")
     env.pop("VIRTUAL_ENV", None)
+    # Every check installs from the one uv cache the host has; its wheels are linked, not copied, when it can.
+    cache = _uv_cache_dir(env)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    env.setdefault("UV_LINK_MODE", link_mode(venv, cache))
 
     def took_too_long(argv: list[str]) -> ImportCheck:
         return done("error", "timeout", f"`{' '.join(argv[:3])}` took more than {timeout_s:.0f} s")
@@ -103,7 +171,6 @@ def import_check(
                 "uv",
                 "pip",
                 "install",
-                "--quiet",
                 "--python",
                 str(venv / "bin" / "python"),
                 "--require-hashes",
@@ -112,9 +179,13 @@ def import_check(
                 str(lockfile),
             ],
         ):
+            before = _size_bytes(cache) if "install" in step else None
             run = run_captured(step, env=env, timeout_s=timeout_s)
             if run.timed_out:
                 return took_too_long(step)
+            if "install" in step:
+                after = _size_bytes(cache) if before is not None else None
+                fetched = downloads(run.stderr, after - before if after is not None and before is not None else None)
             if run.returncode != 0:
                 last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
                 return done("error", "install", f"`{' '.join(step[:3])}` failed: {last}", run.stderr)
