@@ -109,6 +109,7 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
         f"stages {','.join(options.stages)}; this host: {gpus}"
     ]
     known = reuse_for(plan, options)
+    lock_dir = options.lock_dir or default_lock_dir(plan)
     reused, to_check = known.split(plan.cells, lambda env: not gpu_ready(env))
     if options.published is not None:
         lines.append(known.plan_line(reused, to_check))
@@ -129,7 +130,8 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
     if imports:
         cost = f"{engine.import_check.cost}; " if engine.import_check.cost else ""
         lines.append(
-            f"The import check installs each of {len(imports)} environment lock(s) in turn on this CPU and imports "
+            f"The import check installs each of {importcheck.distinct_locks(imports, lock_dir)} distinct lock "
+            f"bod(ies) of {len(imports)} environment(s) in turn on this CPU and imports "
             f"{', '.join(engine.import_check.modules)} ({cost}removed after, results cached). --stages "
             "resolve,probe skips it."
         )

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -70,15 +71,33 @@ def code_version() -> str:
     return digest.hexdigest()[:16]
 
 
+def _body(lockfile: Path) -> bytes:
+    """The locked set: the lock without its comment lines (the header names the environment)."""
+    return b"".join(line for line in lockfile.read_bytes().splitlines(keepends=True) if not line.startswith(b"#"))
+
+
 def lock_key(lockfile: Path, engine: Engine) -> str:
     """What decides the result: the locked set (not the header, which names the environment, so the same
     pins on another GPU kind share the result: each distinct body is checked once), the engine's
     import-check data and the check's code."""
-    body = b"".join(line for line in lockfile.read_bytes().splitlines(keepends=True) if not line.startswith(b"#"))
+    body = _body(lockfile)
     wanted = json.dumps(
         {"engine": engine.name, "check": engine.import_check.model_dump(), "code": code_version()}, sort_keys=True
     ).encode()
     return hashlib.sha256(body + wanted).hexdigest()[:16]
+
+
+def distinct_locks(env_ids: Iterable[str], lock_dir: Path) -> int:
+    """How many import checks these environments cost: one per distinct lock body (an environment without a
+    lock yet counts as one of its own)."""
+    bodies = set()
+    for env_id in env_ids:
+        lockfile = Path(lock_dir) / f"{env_id}.lock.txt"
+        if not lockfile.is_file():
+            bodies.add(env_id)
+            continue
+        bodies.add(hashlib.sha256(_body(lockfile)).hexdigest())
+    return len(bodies)
 
 
 def _uv_cache_dir(env: dict[str, str]) -> Path | None:
