@@ -113,7 +113,7 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
     reused, to_check = known.split(plan.cells, lambda env: not gpu_ready(env))
     if options.published is not None:
         lines.append(known.plan_line(reused, to_check))
-    lacking = [c for c in to_check if not gpu_ready(c.env)]
+    lacking = [c for c in plan.cells if c.applicable and not gpu_ready(c.env)]
     if lacking:
         kinds = ", ".join(
             sorted({f"{c.env.axes.get('gpu', '?')} ({c.env.gpu.count}x {c.env.gpu.arch})" for c in lacking})
@@ -126,7 +126,12 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
         if len(lacking) == sum(c.applicable for c in plan.cells):
             lines.append(f"To run every stage on this machine's CPU instead: nox -s matrix -- {CPU_SMOKE}")
     engine = plan.spec.engine
-    imports = {c.env_id for c in lacking} if "import" in options.stages and "import" in engine.preflight else set()
+    checked = {c.id for c in to_check}  # a reused cell runs nothing here
+    imports = (
+        {c.env_id for c in lacking if c.id in checked}
+        if "import" in options.stages and "import" in engine.preflight
+        else set()
+    )
     if imports:
         cost = f"{engine.import_check.cost}; " if engine.import_check.cost else ""
         lines.append(
