@@ -41,7 +41,7 @@ from servematrix.redact import (
     spec_secret_flags,
 )
 from servematrix.stages import CPU_STAGES, STAGES, bench, build, importcheck, serve
-from servematrix.stages.resolve import ResolveOutcome, resolve
+from servematrix.stages.resolve import ResolveOutcome, resolve, resolve_cached
 from servematrix.store import DEFAULT_STORE, Store
 from servematrix.store import now as store_now
 from servematrix.util import DEFAULT_WORKDIR
@@ -273,6 +273,7 @@ class _Runner:
                 f"{self.summary.skipped_unchanged} cell(s) unchanged since their last finished run: not run again "
                 "(--rerun to force)"
             )
+        self._check_imports_ahead(todo)
         self._progress = RunProgress(self.console, title=spec.path.name, total=total)
         with self._progress.shown():
             by_id = {c.id: c for c in self.plan.cells}
@@ -292,6 +293,33 @@ class _Runner:
                 f"{', '.join(map(str, owners))}) was running them"
             )
         print_summary(self.console, self.options.run_id, {c.id: c for c in self.plan.cells}, self.summary.verdicts)
+
+    def _check_imports_ahead(self, todo: dict[str, list[Cell]]) -> None:
+        """The import checks this run will need, each distinct current lock once and as many at once as the host
+        has room for (importcheck.check_all); each environment then reads its result from the check's cache."""
+        engine = self.plan.spec.engine
+        if not (self._wants("import") and "import" in engine.preflight):
+            return
+        lock_dir = self.options.lock_dir or default_lock_dir(self.plan)
+        by_python: dict[str, list[Path]] = {}
+        for env_id, cells in todo.items():
+            env = cells[0].env
+            if gpu_ready(env) or all(
+                not c.applicable or self._reuse.lookup(c, this_host_lacks_gpus=True) for c in cells
+            ):
+                continue
+            current = resolve_cached(resolve_request(self.plan, env_id), out_dir=lock_dir)
+            if current is not None and current.lockfile is not None:
+                by_python.setdefault(env.python, []).append(current.lockfile)
+        for python, locks in by_python.items():
+            distinct = importcheck.distinct_locks([p.name.removesuffix(".lock.txt") for p in locks], lock_dir)
+            jobs = min(distinct, importcheck.room(self.options.workdir / "cache"))
+            if jobs > 1:
+                self._stage_note(
+                    f"import checks: {distinct} distinct lock(s) of {len(locks)} environment(s), {jobs} at once"
+                )
+                cache = self.options.workdir / "cache"
+                importcheck.check_all(locks, engine, python_version=python, cache_dir=cache, jobs=jobs)
 
     def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
         """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""

@@ -21,7 +21,8 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -233,3 +234,42 @@ def import_check(
         return done("pass", evidence=f"imported {', '.join(check.modules)}" + (" and ran --help" if check.help else ""))
     finally:
         shutil.rmtree(venv, ignore_errors=True)
+
+
+# What one check may take while it runs, as a budget: the wheels it fetches land in uv's cache (sglang 0.5.6's
+# lock grew it by 5.06 GB, measured here), its venv links them; its imports need memory of their own.
+_CHECK_DISK_BYTES = 10 * 1024**3
+_CHECK_MEMORY_BYTES = 3 * 1024**3
+
+
+def room(cache_dir: Path) -> int:
+    """How many import checks this host has room for at once: a core, the disk and the memory of each."""
+    import psutil
+
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    disk = shutil.disk_usage(cache_dir).free // _CHECK_DISK_BYTES
+    memory = psutil.virtual_memory().available // _CHECK_MEMORY_BYTES
+    return max(1, min(os.cpu_count() or 1, disk, memory))
+
+
+def check_all(
+    lockfiles: Sequence[Path], engine: Engine, *, python_version: str, cache_dir: Path, jobs: int | None = None
+) -> dict[str, ImportCheck]:
+    """`import_check` of each distinct lock body among `lockfiles` once, `jobs` (default: `room`) at a time;
+    the results land in the result cache, where each environment's own check finds them. By lock key."""
+    distinct: dict[str, Path] = {}
+    for lockfile in lockfiles:
+        distinct.setdefault(lock_key(lockfile, engine), lockfile)
+    if not distinct:
+        return {}
+    workers = max(1, min(jobs or room(cache_dir), len(distinct)))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="import-check")
+    try:
+        futures = {
+            key: pool.submit(import_check, path, engine, python_version=python_version, cache_dir=cache_dir)
+            for key, path in distinct.items()
+        }
+        return {key: future.result() for key, future in futures.items()}
+    finally:
+        # An interrupted run does not wait for the checks not started yet.
+        pool.shutdown(wait=True, cancel_futures=True)
