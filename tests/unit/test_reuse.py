@@ -98,6 +98,11 @@ def test_published_cpu_verdicts_are_reused_until_a_lock_byte_changes(toy, tmp_pa
     assert all(row["preflight_hash"] for row in rows.values()) and not _reused(rows)
     _publish(rows, record)
 
+    # A host with the cell's GPUs serves it: a CPU verdict is never reused there.
+    known = reuse.Reuse(plan=plan, stages=STAGES, lock_dir=locks, record=record)
+    assert known.lookup(long_old, this_host_lacks_gpus=True) is not None
+    assert known.lookup(long_old, this_host_lacks_gpus=False) is None
+
     second, again, lines = _run(plan, tmp_path, "second", locks, record)
     assert second.verdicts == first.verdicts
     assert _reused(again) == set(first.verdicts)
