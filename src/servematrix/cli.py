@@ -80,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from servematrix.backends.registry import select_backend
     from servematrix.pipeline import RunOptions, builds_here, preamble, run_plan
     from servematrix.plan import make_plan
+    from servematrix.reuse import PUBLISHED
 
     stages, store = args.stages, args.store or DEFAULT_STORE
     plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
@@ -96,6 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         lock_dir=args.lock_dir,
         rerun=args.rerun,
+        fresh=args.fresh,
+        published=PUBLISHED,
         trust_probe=args.trust_probe,
         model_roots=tuple(args.model_root),
     )

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from servematrix import cells
 from servematrix.plan import Plan
-from servematrix.stages.resolve import ResolveOutcome, ResolveRequest, resolve
+from servematrix.stages.resolve import ResolveOutcome, ResolveRequest, resolve_many
 
 
 def resolve_request(plan: Plan, env_id: str) -> ResolveRequest:
@@ -58,4 +58,4 @@ def _first_cause(reason: str) -> str:
 
 def lock_plan(plan: Plan, out_dir: Path | None = None) -> list[ResolveOutcome]:
     target = out_dir or default_lock_dir(plan)
-    return [resolve(resolve_request(plan, env_id), out_dir=target) for env_id in plan.environments]
+    return resolve_many([resolve_request(plan, env_id) for env_id in plan.environments], out_dir=target)

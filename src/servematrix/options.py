@@ -459,6 +459,13 @@ OPTIONS: tuple[Option, ...] = (
         commands=("run", "submit"),
     ),
     Option(
+        flags=("--fresh",),
+        action="store_true",
+        help="decide every cell here: reuse no published CPU verdict (default: a cell whose CPU pre-flight inputs "
+        "match a row of docs/results/latest.json takes that row's verdict, and says so)",
+        commands=("run",),
+    ),
+    Option(
         flags=("--trust-probe",),
         action="store_true",
         help="do not run GPU stages for cells the CPU probe predicts to fail (default: run them to check it)",

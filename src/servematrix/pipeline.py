@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from servematrix import hostinfo, ports, tomlsource, verdict
+from servematrix import hostinfo, ports, reuse, tomlsource, verdict
 from servematrix.backends import Backend, Built, LaunchSpec
 from servematrix.cells import Cell, Environment, content_hash, server_command
 from servematrix.engines import Engine, Hooks, PreflightInput, PreflightUnavailable
@@ -40,7 +40,7 @@ from servematrix.redact import (
     spec_secret_flags,
 )
 from servematrix.stages import CPU_STAGES, STAGES, bench, build, importcheck, serve
-from servematrix.stages.resolve import ResolveOutcome, resolve
+from servematrix.stages.resolve import ResolveOutcome, resolve, resolve_cached
 from servematrix.store import DEFAULT_STORE, Store
 from servematrix.store import now as store_now
 from servematrix.util import DEFAULT_WORKDIR, log_tail
@@ -56,6 +56,8 @@ class RunOptions:
     workdir: Path = DEFAULT_WORKDIR
     lock_dir: Path | None = None  # default: locks/ beside the matrix file
     rerun: bool = False
+    fresh: bool = False  # reuse no published verdict (reuse.py)
+    published: Path | None = None  # the published record whose CPU verdicts may be reused (the CLI's: reuse.PUBLISHED)
     trust_probe: bool = False
     model_roots: tuple[Path, ...] = ()  # directories besides the workdir where models may be built
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6])
@@ -133,7 +135,10 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
     if options.store.is_file() and not options.rerun:  # read only: a run that never starts creates no store
         with Store(options.store) as store:
             skipped = {c.id for c in plan.cells if unchanged(store, plan, c, options)}
-    to_run = [c for c in plan.cells if c.id not in skipped]
+    known = reuse_for(plan, options)
+    reused, _ = known.split([c for c in plan.cells if c.id not in skipped], lambda env: not gpu_ready(env))
+    reused_ids = {c.id for c in reused}  # a published CPU verdict with the same inputs: nothing runs (reuse.py)
+    to_run = [c for c in plan.cells if c.id not in skipped and c.id not in reused_ids]
     stages_of = {c.id: cell_stages(plan, c, options.stages) for c in to_run}
     lacking = [c for c in to_run if c.applicable and not gpu_ready(c.env)]
     lacking_lines: list[str] = []
@@ -161,7 +166,7 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
         steps.append(
             Step(
                 stage="import",
-                count=len(todo),
+                count=importcheck.distinct_locks(todo, lock_dir),  # one check per distinct lock body
                 # Without a lock yet, resolving comes first, and an unresolvable environment needs no install.
                 maybe=len(imports - locked),
                 what=f"environment lock(s) installed in turn on this CPU and {', '.join(check.modules)} imported",
@@ -177,18 +182,30 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
     probed = [c for c in to_run if "probe" in stages_of[c.id]]
     if probed and hooks.preamble is not None:
         notes = hooks.preamble(probed, engine, options.workdir / "cache")
+    if options.published is not None:
+        notes = [known.plan_line(reused, [c for c in to_run if c.applicable]), *notes]
     return Work(
         matrix=str(plan.spec.path),
         cells=len(plan.cells),
         environments=len(envs),
         host=gpus,
         to_run=len(to_run),
-        not_run={"unchanged since their last finished run (--rerun runs them again)": len(skipped)},
+        not_run={
+            "unchanged since their last finished run (--rerun runs them again)": len(skipped),
+            "reused from the published results (--fresh decides them again)": len(reused),
+        },
         stages=tuple(s for s in STAGES if any(s in st for st in stages_of.values())),
         lacking=tuple(lacking_lines),
         steps=tuple(steps),
         notes=tuple(notes),
         free_disk_gb=free_disk_gb(options.workdir),
+    )
+
+
+def reuse_for(plan: Plan, options: RunOptions) -> reuse.Reuse:
+    lock_dir = options.lock_dir or default_lock_dir(plan)
+    return reuse.Reuse(
+        plan=plan, stages=options.stages, lock_dir=lock_dir, record=options.published, fresh=options.fresh
     )
 
 
@@ -276,6 +293,7 @@ class _CellRun:
     state: _EnvState
     cell: Cell
     prediction: Verdict | None = None  # the CPU pre-flights' verdict, checked by serving the cell
+    extra: dict[str, Any] = field(default_factory=dict)  # fields its row takes besides the verdict's
 
 
 @dataclass
@@ -308,6 +326,10 @@ class _Runner:
         return Hooks.of(self.plan.spec.engine)
 
     @functools.cached_property
+    def _reuse(self) -> reuse.Reuse:
+        return reuse_for(self.plan, self.options)
+
+    @functools.cached_property
     def _cpu_split(self) -> bench.CpuSplit | None:
         wanted = self.plan.spec.file.bench.client_cpus
         return bench.split_cpus(wanted) if wanted else None
@@ -323,6 +345,7 @@ class _Runner:
         total = sum(len(c) for c in todo.values())
         if self.summary.skipped_unchanged:
             wrap_free(self.console, skip_message(self.summary.skipped_unchanged))
+        self._check_imports_ahead(todo)
         self._progress = RunProgress(self.console, title=spec.path.name, total=total)
         with self._progress.shown():
             by_id = {c.id: c for c in self.plan.cells}
@@ -342,6 +365,33 @@ class _Runner:
                 f"{', '.join(map(str, owners))}) was running them"
             )
         print_summary(self.console, self.options.run_id, {c.id: c for c in self.plan.cells}, self.summary.verdicts)
+
+    def _check_imports_ahead(self, todo: dict[str, list[Cell]]) -> None:
+        """The import checks this run will need, each distinct current lock once and as many at once as the host
+        has room for (importcheck.check_all); each environment then reads its result from the check's cache."""
+        engine = self.plan.spec.engine
+        if not (self._wants("import") and "import" in engine.preflight):
+            return
+        lock_dir = self.options.lock_dir or default_lock_dir(self.plan)
+        by_python: dict[str, list[Path]] = {}
+        for env_id, cells in todo.items():
+            env = cells[0].env
+            if gpu_ready(env) or all(
+                not c.applicable or self._reuse.lookup(c, this_host_lacks_gpus=True) for c in cells
+            ):
+                continue
+            current = resolve_cached(resolve_request(self.plan, env_id), out_dir=lock_dir)
+            if current is not None and current.lockfile is not None:
+                by_python.setdefault(env.python, []).append(current.lockfile)
+        for python, locks in by_python.items():
+            distinct = importcheck.distinct_locks([p.name.removesuffix(".lock.txt") for p in locks], lock_dir)
+            jobs = min(distinct, importcheck.room(self.options.workdir / "cache"))
+            if jobs > 1:
+                self._stage_note(
+                    f"import checks: {distinct} distinct lock(s) of {len(locks)} environment(s), {jobs} at once"
+                )
+                cache = self.options.workdir / "cache"
+                importcheck.check_all(locks, engine, python_version=python, cache_dir=cache, jobs=jobs)
 
     def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
         """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""
@@ -434,16 +484,15 @@ class _Runner:
             resolved=state.resolved,
             built=state.built,
             argv=argv,
-        )
+        ) | {"preflight_hash": self._reuse.hash_for(cell)}
 
     def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
         self.store.record(
-            **self._row(cell, state),
+            **{**self._row(cell, state), **extra},
             verdict=str(result),
             excerpt=result.excerpt,
             evidence=list(result.evidence),
             stages=state.stage_seconds,
-            **extra,
         )
         self.summary.verdicts[cell.id] = str(result)
 
@@ -536,12 +585,21 @@ class _Runner:
         for stage in self.CELL_STAGES:
             ended = stage(self, run)
             if ended is not None:
-                self._record(cell, state, ended)
+                self._record(cell, state, ended, **run.extra)
                 return
 
     def _applicable(self, run: _CellRun) -> Verdict | None:
         cell = run.cell
         return None if cell.applicable else verdict.skipped("not-applicable", excerpt=cell.reason)
+
+    def _reused(self, run: _CellRun) -> Verdict | None:
+        """A published CPU verdict with the same inputs (reuse.py) ends the cell as it was decided."""
+        reused = self._reuse.lookup(run.cell, this_host_lacks_gpus=not gpu_ready(run.state.env))
+        if reused is None:
+            return None
+        self._stage(run.cell, reused.note)
+        run.extra = reuse.provenance(reused.row)
+        return reused.verdict
 
     def _environment(self, run: _CellRun) -> Verdict | None:
         return self._prepare_env(run.state, run.cell)
@@ -574,7 +632,7 @@ class _Runner:
         self._serve_and_bench(run.state, run.cell, run.prediction)
         return None
 
-    CELL_STAGES = (_applicable, _environment, _preflights, _gpus_here, _serving_asked, _serving)
+    CELL_STAGES = (_applicable, _reused, _environment, _preflights, _gpus_here, _serving_asked, _serving)
 
     def _probe(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,

@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS cell_runs (
     server_pgid   INTEGER,
     log_path      TEXT,
     stages        TEXT,            -- JSON: stage -> seconds
+    preflight_hash TEXT,           -- the inputs of its CPU pre-flight verdict (reuse.py)
     started_at    TEXT NOT NULL,
     finished_at   TEXT,
     PRIMARY KEY (run_id, cell_id)
@@ -100,6 +101,7 @@ COLUMNS = (
     "server_pgid",
     "log_path",
     "stages",
+    "preflight_hash",
     "started_at",
     "finished_at",
 )

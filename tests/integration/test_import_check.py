@@ -3,15 +3,25 @@ the engine's import-check data varied to give each outcome."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from servematrix.engines import ImportCheckSpec, load_engine
-from servematrix.stages.importcheck import import_check
+from servematrix.engines import ENGINES_PATH_ENV, ImportCheckSpec, load_engine
+from servematrix.lockfile import render_header
+from servematrix.locking import resolve_request
+from servematrix.pipeline import RunOptions, run_plan
+from servematrix.plan import make_plan
+from servematrix.stages import importcheck
+from servematrix.stages.importcheck import check_all, import_check
+from servematrix.stages.resolve import lock_header
+from servematrix.store import Store
+from tests.fakes.fake_backend import FakeBackend
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -95,3 +105,106 @@ def test_a_crossed_lock_installs_as_it_is(tmp_path):
         tmp_path / "lock.txt", _engine(modules=("pydantic_core",)), python_version=PYTHON, cache_dir=tmp_path
     )
     assert result.outcome == "pass", result
+
+
+def test_one_lock_body_under_two_headers_is_checked_once_and_says_what_it_fetched(lock, tmp_path):
+    """The two GPU kinds' locks differ only in their headers: the second is the first's result."""
+    engine = _engine(modules=("six",), help=())
+    body = lock.read_text()
+    kinds = []
+    for gpu in ("b200", "rtx-pro-6000"):
+        kinds.append(tmp_path / f"{gpu}.lock.txt")
+        kinds[-1].write_text(f"# servematrix-lock: 1\n# axis: gpu={gpu}\n{body}")
+    first = import_check(kinds[0], engine, python_version=PYTHON, cache_dir=tmp_path / "cache")
+    second = import_check(kinds[1], engine, python_version=PYTHON, cache_dir=tmp_path / "cache")
+    assert (first.outcome, first.cached, second.outcome, second.cached) == ("pass", False, "pass", True)
+    assert first.downloaded.startswith("fetched ") and " of 1 packages" in first.downloaded, first.downloaded
+    assert "uv's cache grew" in first.downloaded and first.downloaded in first.evidence
+
+
+def test_distinct_lock_bodies_are_checked_at_once_and_each_environment_reads_its_result(lock, tmp_path):
+    engine = _engine(modules=("six",), help=())
+    body = lock.read_text()
+    # six 1.15.0's hashes are not in the 1.16.0 lock: a lock of its own, made by uv as the fixture's is.
+    folder = tmp_path / "older"
+    folder.mkdir()
+    (folder / "requirements.in").write_text("six==1.15.0\n")
+    subprocess.run(
+        [
+            "uv",
+            "pip",
+            "compile",
+            "--quiet",
+            "--generate-hashes",
+            "--python-version",
+            PYTHON,
+            "requirements.in",
+            "-o",
+            "lock.txt",
+        ],
+        cwd=folder,
+        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+        check=True,
+    )
+    locks = [tmp_path / "b200.lock.txt", tmp_path / "rtx.lock.txt", folder / "lock.txt"]
+    locks[0].write_text("# axis: gpu=b200\n" + body)
+    locks[1].write_text("# axis: gpu=rtx-pro-6000\n" + body)
+    results = check_all(locks, engine, python_version=PYTHON, cache_dir=tmp_path / "cache", jobs=2)
+    assert len(results) == 2 and all(r.outcome == "pass" and not r.cached for r in results.values())
+    for path in locks:
+        assert import_check(path, engine, python_version=PYTHON, cache_dir=tmp_path / "cache").cached
+
+
+def test_a_run_checks_its_distinct_locks_at_once_before_its_cells(tmp_path, monkeypatch):
+    """The test-defined engine with the import pre-flight: two environments, two locks of real six releases,
+    checked together before the cells, which then read the results."""
+    toy = Path(__file__).resolve().parents[1] / "fakes" / "engines" / "toyserve.toml"
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    text = toy.read_text().replace('preflight = ["context-limit"]', 'preflight = ["import", "context-limit"]')
+    (engines / "toyserve.toml").write_text(text + '\n[import_check]\nmodules = ["six"]\n')
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(engines))
+    matrix = tmp_path / "toy.toml"
+    matrix.write_text(
+        '[model]\nname = "m"\npath = "m"\n[axes]\ntoyserve = ["1.4", "2.1"]\ngpu = ["b200"]\nmode = ["short"]\n'
+        '[gpu.b200]\narch = "sm_100"\ncount = 1\n[bench]\nconcurrency = [1]\ninput_len = 8\noutput_len = 8\n'
+        "prompts_per_concurrency = 2\n".replace("[model]", 'engine = "toyserve"\n[model]')
+    )
+    plan = make_plan(matrix)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    for env_id, six in zip(plan.environments, ("1.15.0", "1.16.0"), strict=True):
+        folder = tmp_path / six
+        folder.mkdir()
+        (folder / "requirements.in").write_text(f"six=={six}\n")
+        subprocess.run(
+            [
+                "uv",
+                "pip",
+                "compile",
+                "-q",
+                "--generate-hashes",
+                "--python-version",
+                PYTHON,
+                "requirements.in",
+                "-o",
+                "l",
+            ],
+            cwd=folder,
+            env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+            check=True,
+        )
+        header = render_header(lock_header(resolve_request(plan, env_id), crossed={}, resolver="uv (the test's)"))
+        (locks / f"{env_id}.lock.txt").write_text(header + (folder / "l").read_text())
+    monkeypatch.setattr(importcheck, "room", lambda cache_dir: 2)
+    shown = io.StringIO()
+    options = RunOptions(
+        stages=("resolve", "import", "probe"), store=tmp_path / "s.sqlite", workdir=tmp_path / "w", lock_dir=locks
+    )
+    plan = make_plan(matrix)
+    summary = run_plan(plan, FakeBackend(tmp_path), options, console=Console(file=shown))
+    assert set(summary.verdicts.values()) == {"skipped:no-gpu"}
+    assert "import checks: 2 distinct lock(s) of 2 environment(s), 2 at once" in shown.getvalue()
+    with Store(tmp_path / "s.sqlite") as store:
+        evidence = [r["evidence"] for r in store.latest()]
+    assert all(e and e[0].startswith("import check (cached): pass: imported six") for e in evidence), evidence

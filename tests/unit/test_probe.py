@@ -190,18 +190,23 @@ def test_untraceable_result_carries_the_dynamo_evidence_and_is_cached(tmp_path, 
     assert again == ProbeResult(**{**first.__dict__, "cached": True})
 
 
-def test_cache_key_is_torch_flashinfer_entry_arch(tmp_path, monkeypatch):
+def test_cache_key_is_torch_flashinfer_entry_arch_and_the_probe_code(tmp_path, monkeypatch):
     fake = FakeProbe(monkeypatch, TRACEABLE)
     for entry, arch in (("custom-op", "120"), ("custom-op", "100"), ("sglang-op", "120"), ("custom-op", "120")):
         trace_probe(torch_version="2.13.0", flashinfer_version="0.6.12", entry=entry, arch=arch, cache_dir=tmp_path)
     assert len(fake.runs) == 3
     assert "--module" not in fake.runs[0]  # only the plain entry needs the getter's module
     names = sorted(p.name for p in (tmp_path / "probe" / "results").iterdir())
+    code = probe.probe_code_version()
     assert names == [
-        "torch-2.13.0__flashinfer-0.6.12__custom-op__sm100.json",
-        "torch-2.13.0__flashinfer-0.6.12__custom-op__sm120.json",
-        "torch-2.13.0__flashinfer-0.6.12__sglang-op__sm120.json",
+        f"torch-2.13.0__flashinfer-0.6.12__custom-op__sm100__{code}.json",
+        f"torch-2.13.0__flashinfer-0.6.12__custom-op__sm120__{code}.json",
+        f"torch-2.13.0__flashinfer-0.6.12__sglang-op__sm120__{code}.json",
     ]
+    # Another probe script (one byte): the cached results are not its results, it probes again.
+    monkeypatch.setattr(probe, "probe_code_version", lambda: "another-script")
+    trace_probe(torch_version="2.13.0", flashinfer_version="0.6.12", entry="custom-op", arch="120", cache_dir=tmp_path)
+    assert len(fake.runs) == 4
 
 
 def test_traceable_evidence_names_the_graph_and_the_backend_kwarg_note(tmp_path, monkeypatch):

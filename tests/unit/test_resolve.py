@@ -521,3 +521,42 @@ def test_to_contract_shape():
         "crossed": CROSSED,
     }
     assert list(contract["pins"]) == ["sglang", "torch"]
+
+
+# ------------------------------------------------------------------------------------------ many at once
+
+
+def test_identical_requirement_sets_are_resolved_once_each_with_its_own_header(tmp_path, pins_cache, monkeypatch):
+    """The two GPU kinds of one platform ask uv the same question: one compile, two locks."""
+    axes = {"sglang": "0.5.12", "flashinfer": "0.6.12", "torch": "pinned", "cuda": "13.0"}
+    b200 = request(env_id="env-b200", axes={**axes, "gpu": "b200"})
+    rtx = request(env_id="env-rtx", axes={**axes, "gpu": "rtx-pro-6000"})
+    other = request(env_id="env-other", requirements=("sglang==0.5.12", "kernels==0.14.1"))
+    fake = FakeUv(*[(0, COMPILED, "")] * 2)
+    monkeypatch.setattr(subprocess, "run", fake)
+    outcomes = rs.resolve_many([b200, rtx, other], out_dir=tmp_path / "locks", pins_cache_dir=pins_cache, jobs=2)
+    assert [o.env_id for o in outcomes] == ["env-b200", "env-rtx", "env-other"]
+    assert len(fake.calls) == 2  # b200 and rtx share one; `other` is another question
+    assert all(o.status == "resolved" and not o.cached for o in outcomes)
+    for outcome, req in zip(outcomes, (b200, rtx, other), strict=True):
+        text = outcome.lockfile.read_text()
+        header = parse_header(text)
+        assert (header.env_id, header.axes, header.inputs_hash) == (req.env_id, req.axes, inputs_hash(req))
+        assert text.endswith(COMPILED) and outcome.crossed == CROSSED
+    # Their locks are current now: nothing asks uv again.
+    monkeypatch.setattr(subprocess, "run", _forbidden)
+    again = rs.resolve_many([b200, rtx, other], out_dir=tmp_path / "locks", pins_cache_dir=pins_cache)
+    assert all(o.cached for o in again)
+
+
+def test_a_shared_conflict_is_every_members_verdict(tmp_path, pins_cache, monkeypatch):
+    fake = FakeUv((1, "", fixture("no-solution-sglang-0.5.9-flashinfer-0.6.12.stderr")))
+    monkeypatch.setattr(subprocess, "run", fake)
+    pair = [request(env_id="env-a", axes={"gpu": "b200"}), request(env_id="env-b", axes={"gpu": "rtx"})]
+    outcomes = rs.resolve_many(pair, out_dir=tmp_path / "locks", pins_cache_dir=pins_cache, offline_first=False)
+    assert [(o.env_id, o.status, o.lockfile) for o in outcomes] == [
+        ("env-a", "unresolvable", None),
+        ("env-b", "unresolvable", None),
+    ]
+    assert outcomes[0].reason == outcomes[1].reason and len(fake.calls) == 1
+    assert outcomes[1].inputs_hash == inputs_hash(pair[1])

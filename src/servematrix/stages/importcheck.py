@@ -13,12 +13,16 @@ removed after the check (uv's cache keeps the wheels, shared by every environmen
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -39,6 +43,7 @@ class ImportCheck:
     excerpt: str = ""
     seconds: float = 0.0
     cached: bool = False
+    downloaded: str = ""  # what its install fetched (`downloads`)
 
 
 def find_python(version: str) -> str | None:
@@ -55,11 +60,31 @@ def find_python(version: str) -> str | None:
     return None
 
 
+@functools.cache
+def code_version() -> str:
+    """The check's own code (this module, the failure classifier it reads import failures with): a cached
+    result of other code is not this check's result."""
+    from servematrix import classify, tracebacks
+
+    digest = hashlib.sha256()
+    for module in (__file__, classify.__file__, tracebacks.__file__):
+        digest.update(Path(module).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _body(lockfile: Path) -> bytes:
+    """The locked set: the lock without its comment lines (the header names the environment)."""
+    return b"".join(line for line in lockfile.read_bytes().splitlines(keepends=True) if not line.startswith(b"#"))
+
+
 def lock_key(lockfile: Path, engine: Engine) -> str:
     """What decides the result: the locked set (not the header, which names the environment, so the same
-    pins on another GPU kind share the result) and the engine's import-check data."""
-    body = b"".join(line for line in lockfile.read_bytes().splitlines(keepends=True) if not line.startswith(b"#"))
-    wanted = json.dumps({"engine": engine.name, "check": engine.import_check.model_dump()}, sort_keys=True).encode()
+    pins on another GPU kind share the result: each distinct body is checked once), the engine's
+    import-check data and the check's code."""
+    body = _body(lockfile)
+    wanted = json.dumps(
+        {"engine": engine.name, "check": engine.import_check.model_dump(), "code": code_version()}, sort_keys=True
+    ).encode()
     return hashlib.sha256(body + wanted).hexdigest()[:16]
 
 
@@ -91,6 +116,58 @@ def import_failure(text: str, engine: Engine, *, returncode: int) -> tuple[Outco
     return "fail", match.cls, ", ".join((*match.evidence, deciding))
 
 
+def distinct_locks(env_ids: Iterable[str], lock_dir: Path) -> int:
+    """How many import checks these environments cost: one per distinct lock body (an environment without a
+    lock yet counts as one of its own)."""
+    bodies = set()
+    for env_id in env_ids:
+        lockfile = Path(lock_dir) / f"{env_id}.lock.txt"
+        if not lockfile.is_file():
+            bodies.add(env_id)
+            continue
+        bodies.add(hashlib.sha256(_body(lockfile)).hexdigest())
+    return len(bodies)
+
+
+def _uv_cache_dir(env: dict[str, str]) -> Path | None:
+    found = run_captured(["uv", "cache", "dir"], env=env, timeout_s=60)
+    return Path(found.stdout.strip()) if found.returncode == 0 and found.stdout.strip() else None
+
+
+def _size_bytes(path: Path | None) -> int | None:
+    """Apparent size of a directory tree (du: a C walk of uv's cache takes about 2 s for 16 GB here)."""
+    if path is None or not path.is_dir() or shutil.which("du") is None:
+        return None
+    run = run_captured(["du", "-sb", str(path)], timeout_s=120)
+    words = run.stdout.split()
+    return int(words[0]) if run.returncode == 0 and words and words[0].isdigit() else None
+
+
+def link_mode(venv: Path, cache: Path | None) -> str:
+    """uv links a venv's files from its shared cache when both are on one filesystem, else copies them
+    (saying so up front spares uv a failed hardlink and its warning per install)."""
+    try:
+        same = cache is not None and venv.parent.stat().st_dev == cache.stat().st_dev
+    except OSError:
+        same = False
+    return "hardlink" if same else "copy"
+
+
+def downloads(stderr: str, cache_growth: int | None) -> str:
+    """What an install fetched, from uv's `Prepared N packages` line and how much its cache grew meanwhile
+    (other uv processes on the host count too: it is an upper bound)."""
+    prepared = re.search(r"Prepared (\d+) packages?", stderr)
+    installed = re.search(r"Installed (\d+) packages?", stderr)
+    parts = []
+    if prepared or installed:
+        parts.append(
+            f"fetched {prepared.group(1) if prepared else 0} of {installed.group(1) if installed else '?'} packages"
+        )
+    if cache_growth is not None:
+        parts.append(f"uv's cache grew {max(cache_growth, 0) / 1e9:.2f} GB")
+    return ", ".join(parts)
+
+
 def import_check(
     lockfile: Path, engine: Engine, *, python_version: str, cache_dir: Path, timeout_s: float = 900
 ) -> ImportCheck:
@@ -103,9 +180,16 @@ def import_check(
         return known
     started = time.monotonic()
 
+    fetched = ""
+
     def done(outcome: Outcome, klass: str = "", evidence: str = "", excerpt: str = "") -> ImportCheck:
         result = ImportCheck(
-            outcome=outcome, klass=klass, evidence=evidence, excerpt=excerpt[-3000:], seconds=time.monotonic() - started
+            outcome=outcome,
+            klass=klass,
+            evidence=f"{evidence} ({fetched})" if fetched and evidence else evidence,
+            excerpt=excerpt[-3000:],
+            seconds=time.monotonic() - started,
+            downloaded=fetched,
         )
         if outcome in ("pass", "fail", "inconclusive"):  # facts about the lock; an error may pass
             record = {"schema": RESULT_SCHEMA, "lock": lockfile.name, "result": asdict(result)}
@@ -119,6 +203,10 @@ def import_check(
     shutil.rmtree(venv, ignore_errors=True)
     env = uv_env(NO_COLOR="1")
     env.pop("VIRTUAL_ENV", None)
+    # Every check installs from the one uv cache the host has; its wheels are linked, not copied, when it can.
+    cache = _uv_cache_dir(env)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    env.setdefault("UV_LINK_MODE", link_mode(venv, cache))
 
     def took_too_long(argv: list[str]) -> ImportCheck:
         return done("error", "timeout", f"`{' '.join(argv[:3])}` took more than {timeout_s:.0f} s")
@@ -130,7 +218,6 @@ def import_check(
                 "uv",
                 "pip",
                 "install",
-                "--quiet",
                 "--python",
                 str(venv / "bin" / "python"),
                 "--require-hashes",
@@ -139,9 +226,13 @@ def import_check(
                 str(lockfile),
             ],
         ):
+            before = _size_bytes(cache) if "install" in step else None
             run = run_captured(step, env=env, timeout_s=timeout_s)
             if run.timed_out:
                 return took_too_long(step)
+            if "install" in step:
+                after = _size_bytes(cache) if before is not None else None
+                fetched = downloads(run.stderr, after - before if after is not None and before is not None else None)
             if run.returncode != 0:
                 last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
                 return done("error", "install", f"`{' '.join(step[:3])}` failed: {last}", run.stderr)
@@ -161,3 +252,42 @@ def import_check(
         return done("pass", evidence=f"imported {', '.join(check.modules)}" + (" and ran --help" if check.help else ""))
     finally:
         shutil.rmtree(venv, ignore_errors=True)
+
+
+# What one check may take while it runs, as a budget: the wheels it fetches land in uv's cache (sglang 0.5.6's
+# lock grew it by 5.06 GB, measured here), its venv links them; its imports need memory of their own.
+_CHECK_DISK_BYTES = 10 * 1024**3
+_CHECK_MEMORY_BYTES = 3 * 1024**3
+
+
+def room(cache_dir: Path) -> int:
+    """How many import checks this host has room for at once: a core, the disk and the memory of each."""
+    import psutil
+
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    disk = shutil.disk_usage(cache_dir).free // _CHECK_DISK_BYTES
+    memory = psutil.virtual_memory().available // _CHECK_MEMORY_BYTES
+    return max(1, min(os.cpu_count() or 1, disk, memory))
+
+
+def check_all(
+    lockfiles: Sequence[Path], engine: Engine, *, python_version: str, cache_dir: Path, jobs: int | None = None
+) -> dict[str, ImportCheck]:
+    """`import_check` of each distinct lock body among `lockfiles` once, `jobs` (default: `room`) at a time;
+    the results land in the result cache, where each environment's own check finds them. By lock key."""
+    distinct: dict[str, Path] = {}
+    for lockfile in lockfiles:
+        distinct.setdefault(lock_key(lockfile, engine), lockfile)
+    if not distinct:
+        return {}
+    workers = max(1, min(jobs or room(cache_dir), len(distinct)))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="import-check")
+    try:
+        futures = {
+            key: pool.submit(import_check, path, engine, python_version=python_version, cache_dir=cache_dir)
+            for key, path in distinct.items()
+        }
+        return {key: future.result() for key, future in futures.items()}
+    finally:
+        # An interrupted run does not wait for the checks not started yet.
+        pool.shutdown(wait=True, cancel_futures=True)

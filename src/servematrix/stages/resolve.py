@@ -17,7 +17,8 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -53,6 +54,8 @@ __all__ = [
     "parse_release_pins",
     "release_pins",
     "resolve",
+    "resolve_cached",
+    "resolve_many",
     "trim_reason",
 ]
 
@@ -519,22 +522,19 @@ def resolve(
         kw.setdefault("cached", False)
         return ResolveOutcome(env_id=req.env_id, status=status, reason=reason, inputs_hash=digest, axes=req.axes, **kw)
 
-    header = read_lock_header(lockfile)
-    if header is not None and header.inputs_hash == digest:
-        return outcome(
-            "resolved",
-            pins=parse_pins(lockfile.read_text(encoding="utf-8")),
-            lockfile=lockfile,
-            crossed=header.crossed,
-            cached=True,
-        )
+    cached = resolve_cached(req, out_dir=out_dir)
+    if cached is not None:
+        return cached
 
-    try:
-        crossed = _crossings(req, uv=uv, cache_dir=pins_cache_dir or default_pins_cache_dir(), timeout_s=timeout_s)
-    except ReleasePinsError as exc:
-        return outcome(exc.status, exc.reason)
-
-    run = _compile(req, uv=uv, offline_first=offline_first, timeout_s=timeout_s)
+    # The release's own pins and the resolution do not depend on each other: both wait on the index at once.
+    with ThreadPoolExecutor(max_workers=1) as side:
+        compiling = side.submit(_compile, req, uv=uv, offline_first=offline_first, timeout_s=timeout_s)
+        try:
+            crossed = _crossings(req, uv=uv, cache_dir=pins_cache_dir or default_pins_cache_dir(), timeout_s=timeout_s)
+        except ReleasePinsError as exc:
+            compiling.result()  # no uv is left running behind the outcome
+            return outcome(exc.status, exc.reason)
+        run = compiling.result()
     if run.returncode != 0:
         status, reason = classify_failure(run.stderr)
         return outcome(status, reason, crossed=crossed)
@@ -543,3 +543,97 @@ def resolve(
     text = render_header(lock_header(req, crossed=crossed, resolver=_uv_version(uv))) + body
     atomic_write(lockfile, text, durable=True)
     return outcome("resolved", pins=parse_pins(body), lockfile=lockfile, crossed=crossed)
+
+
+# ---------------------------------------------------------------------------------------- many at once
+
+
+def _resolution_key(req: ResolveRequest) -> str:
+    """What uv's answer depends on: the inputs without the axes (which only name the environment). Two GPU
+    kinds of one platform ask the same question."""
+    canon = {k: v for k, v in _canonical_inputs(req).items() if k != "axes"}
+    return json.dumps(canon, sort_keys=True, separators=(",", ":"))
+
+
+def _lock_body(text: str) -> str:
+    """A lock's body: everything after its leading `#` header block."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    return "".join(lines[start:])
+
+
+def _same_answer(req: ResolveRequest, answer: ResolveOutcome, *, out_dir: Path, uv: str) -> ResolveOutcome:
+    """`req`'s outcome from the resolution of a request with the same key: its own lock (its own header, the
+    same body), or the same verdict."""
+    digest = inputs_hash(req)
+    lockfile = Path(out_dir) / f"{req.env_id}.lock.txt"
+    if answer.status != "resolved" or answer.lockfile is None:
+        return replace(answer, env_id=req.env_id, axes=req.axes, inputs_hash=digest, lockfile=None, cached=False)
+    body = _lock_body(answer.lockfile.read_text(encoding="utf-8"))
+    text = render_header(lock_header(req, crossed=answer.crossed, resolver=_uv_version(uv))) + body
+    atomic_write(lockfile, text, durable=True)
+    return replace(answer, env_id=req.env_id, axes=req.axes, inputs_hash=digest, lockfile=lockfile, cached=False)
+
+
+def default_jobs() -> int:
+    """Concurrent resolutions: a cold resolution mostly waits on the index, so more than the cores."""
+    return max(4, 4 * (os.cpu_count() or 1))
+
+
+def resolve_many(
+    requests: Sequence[ResolveRequest],
+    *,
+    out_dir: Path,
+    jobs: int | None = None,
+    uv: str = "uv",
+    offline_first: bool = True,
+    timeout_s: float = 600,
+    pins_cache_dir: Path | None = None,
+) -> list[ResolveOutcome]:
+    """`resolve` for many environments: each distinct question (`_resolution_key`) asked of uv once, the
+    distinct ones concurrently (uv's cache is safe to share between processes); outcomes in `requests`' order."""
+    groups: dict[str, list[ResolveRequest]] = {}
+    for req in requests:
+        groups.setdefault(_resolution_key(req), []).append(req)
+
+    def answer(group: list[ResolveRequest]) -> list[ResolveOutcome]:
+        # A member whose own lock is current needs no uv; the first one that is not asks for the group.
+        current = [(req, resolve_cached(req, out_dir=out_dir)) for req in group]
+        asked = next((req for req, cached in current if cached is None), None)
+        if asked is None:
+            return [cached for _, cached in current if cached is not None]
+        first = resolve(
+            asked,
+            out_dir=out_dir,
+            uv=uv,
+            offline_first=offline_first,
+            timeout_s=timeout_s,
+            pins_cache_dir=pins_cache_dir,
+        )
+        return [
+            first if req is asked else cached or _same_answer(req, first, out_dir=out_dir, uv=uv)
+            for req, cached in current
+        ]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs or default_jobs(), len(groups)))) as pool:
+        found = {o.env_id: o for outcomes in pool.map(answer, groups.values()) for o in outcomes}
+    return [found[req.env_id] for req in requests]
+
+
+def resolve_cached(req: ResolveRequest, *, out_dir: Path) -> ResolveOutcome | None:
+    """`req`'s outcome from its own lock when that lock's inputs hash is current, else None."""
+    lockfile = Path(out_dir) / f"{req.env_id}.lock.txt"
+    header = read_lock_header(lockfile)
+    if header is None or header.inputs_hash != inputs_hash(req):
+        return None
+    return ResolveOutcome(
+        env_id=req.env_id,
+        status="resolved",
+        reason="",
+        pins=parse_pins(lockfile.read_text(encoding="utf-8")),
+        lockfile=lockfile,
+        inputs_hash=header.inputs_hash,
+        crossed=header.crossed,
+        cached=True,
+        axes=req.axes,
+    )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import re
@@ -282,7 +283,8 @@ def trace_probe(*, torch_version: str, flashinfer_version: str, entry: str, arch
         if not _SAFE.match(value):
             raise ValueError(f"unusable {name} version {value!r}")
     root = Path(cache_dir) / "probe"
-    result_path = root / "results" / f"torch-{torch_version}__flashinfer-{flashinfer_version}__{entry}__sm{arch}.json"
+    pair = f"torch-{torch_version}__flashinfer-{flashinfer_version}"
+    result_path = root / "results" / f"{pair}__{entry}__sm{arch}__{probe_code_version()}.json"
     cached = _read_result(result_path)
     if cached is not None:
         return cached
@@ -350,6 +352,17 @@ def _error(report: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------ result cache
+
+
+@functools.cache
+def probe_code_version() -> str:
+    """The probe's own code and data (probe_script.py, probe.toml): part of each result's key, so a changed
+    script probes again instead of reading what the old one found."""
+    digest = hashlib.sha256()
+    for name in ("probe_script.py", "probe.toml"):
+        with resources.as_file(resources.files(__package__).joinpath(name)) as path:
+            digest.update(name.encode() + b"\0" + Path(path).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _read_result(path: Path) -> ProbeResult | None:
