@@ -444,7 +444,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         print(f"servematrix: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except OSError as exc:
+    except BrokenPipeError:
+        # The reader went away (`servematrix plan | head`): not an error. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:  # after BrokenPipeError, one of its kind
         if exc.errno != errno.ENAMETOOLONG:
             raise
         # A path the system refuses by its length, wherever it was first touched: one line, not a traceback.
@@ -453,11 +458,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("servematrix: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader went away (`servematrix plan | head`): not an error. Point stdout at /dev/null so the
-        # interpreter's final flush does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
         with Store(options.store) as store:
             skipped = {c.id for c in plan.cells if unchanged(store, plan, c, options)}
     known = reuse_for(plan, options)
-    reused, _ = known.split([c for c in plan.cells if c.id not in skipped], lambda env: not gpu_ready(env))
+    reused, to_check = known.split(plan.cells, lambda env: not gpu_ready(env))
     reused_ids = {c.id for c in reused}  # a published CPU verdict with the same inputs: nothing runs (reuse.py)
     to_run = [c for c in plan.cells if c.id not in skipped and c.id not in reused_ids]
     stages_of = {c.id: cell_stages(plan, c, options.stages) for c in to_run}
@@ -183,7 +183,7 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
     if probed and hooks.preamble is not None:
         notes = hooks.preamble(probed, engine, options.workdir / "cache")
     if options.published is not None:
-        notes = [known.plan_line(reused, [c for c in to_run if c.applicable]), *notes]
+        notes = [known.plan_line(reused, to_check), *notes]
     return Work(
         matrix=str(plan.spec.path),
         cells=len(plan.cells),
@@ -192,7 +192,7 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
         to_run=len(to_run),
         not_run={
             "unchanged since their last finished run (--rerun runs them again)": len(skipped),
-            "reused from the published results (--fresh decides them again)": len(reused),
+            "reused from the published results (--fresh decides them again)": len(reused_ids - skipped),
         },
         stages=tuple(s for s in STAGES if any(s in st for st in stages_of.values())),
         lacking=tuple(lacking_lines),

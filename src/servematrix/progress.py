@@ -70,8 +70,8 @@ def announce(work: Work) -> list[str]:
     """The lines said before a run starts: what will run, which stages, and the totals of its costly steps."""
     lines = [f"{work.matrix}: {work.cells} cell(s) in {work.environments} environment(s); this host: {work.host}"]
     skipped = "; ".join(f"{count} {why}" for why, count in work.not_run.items() if count)
-    if not work.to_run:
-        return [*lines, f"nothing to run: {skipped or 'no cell selected'}"]
+    if not work.to_run:  # the notes still say why (e.g. how many cells the published results decide)
+        return [*lines, *work.notes, f"nothing to run: {skipped or 'no cell selected'}"]
     lines.append(
         f"will run {work.to_run} cell(s), stages {','.join(work.stages) or 'none'}"
         + (f"; not run: {skipped}" if skipped else "")
