@@ -24,7 +24,9 @@ from rich.console import Console
 from servematrix import hostinfo, ports, tomlsource, verdict
 from servematrix.backends import Backend, Built, LaunchSpec
 from servematrix.cells import Cell, Environment, content_hash, server_command
-from servematrix.engines import Engine, Hooks, PreflightInput, PreflightUnavailable
+from servematrix.engines import Engine
+from servematrix.engines.hooks import Hooks, PreflightInput, PreflightUnavailable
+from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, StackImportError, check_model_path, ensure_model
@@ -124,7 +126,7 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
             f"{', '.join(engine.import_check.modules)} ({cost}removed after, results cached). --stages "
             "resolve,probe skips it."
         )
-    hooks = Hooks.of(engine)
+    hooks = hooks_of(engine)
     if "probe" in options.stages and hooks.preamble is not None:
         lines += hooks.preamble([c for c in plan.cells if c.applicable], engine, options.workdir / "cache")
     return lines
@@ -243,7 +245,7 @@ class _Runner:
 
     @functools.cached_property
     def _hooks(self) -> Hooks:
-        return Hooks.of(self.plan.spec.engine)
+        return hooks_of(self.plan.spec.engine)
 
     @functools.cached_property
     def _cpu_split(self) -> bench.CpuSplit | None:

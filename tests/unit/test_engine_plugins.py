@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from servematrix.engines import ENGINES_PATH_ENV, Hooks, available_engines, load_engine
+from servematrix.engines import ENGINES_PATH_ENV, available_engines, load_engine
+from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.pipeline import RunOptions, run_plan
 from servematrix.plan import make_plan
@@ -40,6 +41,12 @@ input_len = 8
 output_len = 8
 prompts_per_concurrency = 2
 """
+
+
+def _matrix(folder: Path, *, engine: str) -> Path:
+    matrix = folder / f"{engine}-matrix.toml"
+    matrix.write_text(TOY_MATRIX.replace('engine = "toyserve"', f'engine = "{engine}"'))
+    return matrix
 
 
 @pytest.fixture
@@ -73,9 +80,9 @@ def test_the_third_engine_is_listed_and_its_hooks_are_its_own(toy_engines, monke
     (tmp_path / "README.md").write_text("not an engine")
     monkeypatch.setenv(ENGINES_PATH_ENV, os.pathsep.join((str(TOY_ENGINES), str(tmp_path))))
     assert "README.md" not in available_engines() and "toyserve" in available_engines()
-    assert set(Hooks.of(load_engine("toyserve")).preflights) == {"context-limit"}
-    assert set(Hooks.of(load_engine("sglang")).preflights) == {"flags", "trace"}
-    assert Hooks.of(load_engine("transformers")).preflights == {}
+    assert set(hooks_of(load_engine("toyserve")).preflights) == {"context-limit"}
+    assert set(hooks_of(load_engine("sglang")).preflights) == {"flags", "trace"}
+    assert hooks_of(load_engine("transformers")).preflights == {}
 
 
 def test_a_preflight_no_hook_implements_is_bad_input_at_its_line(monkeypatch, tmp_path):
@@ -84,8 +91,9 @@ def test_a_preflight_no_hook_implements_is_bad_input_at_its_line(monkeypatch, tm
     text = text.replace('preflight = ["context-limit"]\nhooks = "tests.fakes.toy_engine"', 'preflight = ["flags"]')
     (tmp_path / "noflags.toml").write_text(text.replace('name = "toyserve"', 'name = "noflags"'))
     monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    assert load_engine("noflags").preflight == ("flags",)  # data alone reads; the plan checks the contract
     with pytest.raises(InputError) as caught:
-        load_engine("noflags")
+        make_plan(_matrix(tmp_path, engine="noflags"))
     assert caught.value.location.line == text.splitlines().index('preflight = ["flags"]') + 1
     assert "'flags'" in str(caught.value)
 
@@ -106,7 +114,28 @@ def test_a_hooks_module_that_does_not_import_is_bad_input_at_its_line(monkeypatc
     text = (TOY_ENGINES / "toyserve.toml").read_text().replace("tests.fakes.toy_engine", "tests.fakes.no_such_hooks")
     (tmp_path / "nohooks.toml").write_text(text.replace('name = "toyserve"', 'name = "nohooks"'))
     monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    engine = load_engine("nohooks")
     with pytest.raises(InputError) as caught:
-        load_engine("nohooks")
+        hooks_of(engine)
     assert caught.value.location.key == "hooks" and "tests.fakes.no_such_hooks" in str(caught.value)
     assert caught.value.location.line == text.splitlines().index('hooks = "tests.fakes.no_such_hooks"') + 1
+
+
+def test_a_hooks_module_against_the_contract_is_bad_input_at_its_hooks_line(monkeypatch, tmp_path):
+    # `PREFLIGHTS` must map names to functions (engines/hooks.py); a list of them is a mistake in the module.
+    (tmp_path / "wrong_shape_hooks.py").write_text("PREFLIGHTS = [print]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (TOY_ENGINES / "toyserve.toml").read_text().replace("tests.fakes.toy_engine", "wrong_shape_hooks")
+    (tmp_path / "shape.toml").write_text(text.replace('name = "toyserve"', 'name = "shape"'))
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    with pytest.raises(InputError) as caught:
+        make_plan(_matrix(tmp_path, engine="shape"))
+    assert caught.value.location.key == "hooks" and "PREFLIGHTS must map names to functions" in str(caught.value)
+
+
+def test_engine_data_must_be_named_for_its_file(monkeypatch, tmp_path):
+    (tmp_path / "alias.toml").write_text((TOY_ENGINES / "toyserve.toml").read_text())
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    with pytest.raises(InputError) as caught:
+        load_engine("alias")
+    assert caught.value.location.key == "name" and "names itself 'toyserve'" in str(caught.value)
