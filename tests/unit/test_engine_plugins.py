@@ -139,3 +139,15 @@ def test_engine_data_must_be_named_for_its_file(monkeypatch, tmp_path):
     with pytest.raises(InputError) as caught:
         load_engine("alias")
     assert caught.value.location.key == "name" and "names itself 'toyserve'" in str(caught.value)
+
+
+def test_a_store_masks_an_engines_secret_flags_from_its_data_alone(monkeypatch, tmp_path):
+    # The engine's hooks module does not even import: masking must not need it.
+    text = (TOY_ENGINES / "toyserve.toml").read_text().replace("tests.fakes.toy_engine", "tests.fakes.no_such_hooks")
+    text = text.replace("default_port = 8000", 'default_port = 8000\nsecret_flags = ["--vault"]')
+    (tmp_path / "vaulted.toml").write_text(text.replace('name = "toyserve"', 'name = "vaulted"'))
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    row = {"env_id": "e", "engine": "vaulted", "mode": "short", "matrix": "m", "axes": {}, "inputs_hash": "h"}
+    with Store(tmp_path / "s.sqlite") as store:
+        store.record(run_id="r", cell_id="c", argv=["serve", "--vault", "s3cr3t-value"], **row)
+        assert store.all_rows()[0]["argv"] == ["serve", "--vault", "***"]

@@ -253,6 +253,16 @@ def _load(path: Path) -> Engine:
     return engine
 
 
+def secret_flags() -> frozenset[str]:
+    """Every registered engine's secret flags, from their data alone: what a store masks in any argv."""
+    return _secret_flags(os.environ.get(ENGINES_PATH_ENV, ""))
+
+
+@functools.cache
+def _secret_flags(_engine_path: str) -> frozenset[str]:  # keyed by SERVEMATRIX_ENGINES: its engines count too
+    return frozenset(flag for name in available_engines() for flag in load_engine(name).secret_flags)
+
+
 def available_engines() -> list[str]:
     """The registry: the engine names of every data file found (`ENGINE_NAME`), in name order."""
     return sorted(
