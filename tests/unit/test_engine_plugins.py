@@ -5,12 +5,16 @@ implements is bad input at its line."""
 from __future__ import annotations
 
 import io
+import json
 import os
+import sys
+from importlib import resources
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from servematrix.cli import main
 from servematrix.engines import ENGINES_PATH_ENV, available_engines, load_engine
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
@@ -151,3 +155,96 @@ def test_a_store_masks_an_engines_secret_flags_from_its_data_alone(monkeypatch, 
     with Store(tmp_path / "s.sqlite") as store:
         store.record(run_id="r", cell_id="c", argv=["serve", "--vault", "s3cr3t-value"], **row)
         assert store.all_rows()[0]["argv"] == ["serve", "--vault", "***"]
+
+
+# ---- engine names come from the registry only ------------------------------------------------------------
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch) -> tuple[str, Path]:
+    """An engine data file outside every engine folder, whose hooks module leaves a mark when imported, and
+    the name that reaches it from the packaged engine folder by `..` (what a crafted row writes)."""
+    (tmp_path / "evil").mkdir()
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_hooks.py").write_text(f"open({str(marker)!r}, 'w').close()\nPREFLIGHTS = {{}}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (TOY_ENGINES / "toyserve.toml").read_text().replace("tests.fakes.toy_engine", "evil_hooks")
+    (tmp_path / "evil" / "e.toml").write_text(text.replace('name = "toyserve"', 'name = "e"'))
+    packaged = Path(str(resources.files("servematrix.data").joinpath("engines")))
+    name = os.path.relpath(tmp_path / "evil" / "e", packaged)
+    assert name.startswith("../") and (packaged / f"{name}.toml").is_file()
+    return name, marker
+
+
+def _nothing_imported(marker: Path) -> bool:
+    return not marker.exists() and "evil_hooks" not in sys.modules
+
+
+def test_a_name_that_is_not_a_registered_engine_is_never_joined_into_a_path(planted):
+    name, marker = planted
+    with pytest.raises(InputError, match="unknown engine"):
+        load_engine(name)
+    for odd in ("Sglang", "sglang.toml", "/etc/passwd", "sglang/../sglang", "", "toyserve"):
+        with pytest.raises(InputError):
+            load_engine(odd)
+    assert _nothing_imported(marker)
+
+
+def _store_row(store: Store, cell: str, engine: str) -> None:
+    store.record(
+        run_id="r1",
+        cell_id=cell,
+        env_id=f"env-{cell}",
+        engine=engine,
+        mode="static",
+        matrix="matrix/cpu-smoke.toml",
+        axes={"transformers": "5.24.0", "torch": "2.9.1", "gpu": "cpu"},
+        inputs_hash="h",
+        verdict="fail:server-crash",
+        backend="venv",
+        started_at="2026-01-01T00:00:00+00:00",
+        finished_at="2026-01-01T00:00:00+00:00",
+    )
+
+
+def test_a_store_row_naming_an_unregistered_engine_is_refused_at_its_row(planted, tmp_path, capsys):
+    name, marker = planted
+    with Store(tmp_path / "s.sqlite") as store:
+        _store_row(store, "good", "transformers")
+        _store_row(store, "crafted", name)
+    out = tmp_path / "out"
+    assert main(["report", "--store", str(tmp_path / "s.sqlite"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the row of cell 'crafted'" in err[0] and "not a registered engine" in err[0], err
+    assert _nothing_imported(marker) and not out.exists()
+
+
+def test_a_published_record_naming_an_unregistered_engine_is_refused_at_its_cell(planted, tmp_path, capsys):
+    name, marker = planted
+    with Store(tmp_path / "s.sqlite") as store:
+        _store_row(store, "good", "transformers")
+        _store_row(store, "other", "transformers")
+    site = tmp_path / "site"
+    assert main(["report", "--publish", "--store", str(tmp_path / "s.sqlite"), "--out", str(site)]) == 0
+    latest = site / "results" / "latest.json"
+    record = json.loads(latest.read_text())
+    record["cells"]["other"]["engine"] = name
+    latest.write_text(json.dumps(record))
+    before = {p: p.read_bytes() for p in site.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["report", "--publish", "--from-published", "--out", str(site)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cell 'other'" in err[0] and "not a registered engine" in err[0], err
+    assert _nothing_imported(marker)
+    assert {p: p.read_bytes() for p in site.rglob("*") if p.is_file()} == before
+
+
+def test_a_matrix_naming_an_unregistered_engine_is_refused_at_its_line(planted, tmp_path):
+    name, marker = planted
+    for engine in (name, "evil.e"):
+        matrix = tmp_path / "m.toml"
+        matrix.write_text(TOY_MATRIX.replace('engine = "toyserve"', f'engine = "{engine}"'))
+        with pytest.raises(InputError) as caught:
+            make_plan(matrix)
+        assert caught.value.location.key == "engine" and caught.value.location.line == 2
+    assert _nothing_imported(marker)

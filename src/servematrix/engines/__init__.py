@@ -234,6 +234,17 @@ def engine_file(name: str) -> Traversable | None:
     return None
 
 
+def check_registered(name: object, where: str) -> None:
+    """A name read from a store row or a published record (`where`): one of `available_engines()`, else an
+    InputError at `where`, before anything loads it."""
+    if not isinstance(name, str) or engine_file(name) is None:
+        shown = repr(name)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise InputError(
+            f"{where}: engine {shown} is not a registered engine (known: {', '.join(available_engines())})"
+        )
+
+
 def load_engine(name: str) -> Engine:
     candidate = engine_file(name)
     if candidate is None:
