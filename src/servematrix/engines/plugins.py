@@ -8,7 +8,6 @@ opening a store, rendering a report) imports no engine code.
 
 from __future__ import annotations
 
-import functools
 import importlib
 from collections.abc import Mapping
 from importlib import resources
@@ -43,8 +42,7 @@ class _NotAHook(Exception):
     """A hooks module attribute of the wrong shape for its HookSpec."""
 
 
-@functools.cache
-def _module_hooks(module_name: str) -> Hooks:
+def _module_hooks(module_name: str) -> Hooks:  # not cached: sys.modules is, and a test may swap a hook
     if not module_name:
         return Hooks()
     module = importlib.import_module(module_name)
