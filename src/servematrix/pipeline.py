@@ -24,7 +24,9 @@ from rich.console import Console
 from servematrix import hostinfo, ports, reuse, tomlsource, verdict
 from servematrix.backends import Backend, Built, LaunchSpec
 from servematrix.cells import Cell, Environment, content_hash, server_command
-from servematrix.engines import Engine, Hooks, PreflightInput, PreflightUnavailable
+from servematrix.engines import Engine
+from servematrix.engines.hooks import Hooks, PreflightInput, PreflightUnavailable
+from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError, Location
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, StackImportError, check_model_path, ensure_model
@@ -116,7 +118,7 @@ def cell_stages(plan: Plan, cell: Cell, stages: Sequence[str]) -> tuple[str, ...
     drop = set()
     if ready or "import" not in engine.preflight or "resolve" not in stages:
         drop.add("import")
-    if not any(name in Hooks.of(engine).preflights for name in engine.preflight):
+    if not any(name in hooks_of(engine).preflights for name in engine.preflight):
         drop.add("probe")
     if "build" not in wanted:
         drop |= {"serve", "bench"}
@@ -177,7 +179,7 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
                 "skips it",
             )
         )
-    hooks = Hooks.of(engine)
+    hooks = hooks_of(engine)
     notes: list[str] = []
     probed = [c for c in to_run if "probe" in stages_of[c.id]]
     if probed and hooks.preamble is not None:
@@ -323,7 +325,7 @@ class _Runner:
 
     @functools.cached_property
     def _hooks(self) -> Hooks:
-        return Hooks.of(self.plan.spec.engine)
+        return hooks_of(self.plan.spec.engine)
 
     @functools.cached_property
     def _reuse(self) -> reuse.Reuse:

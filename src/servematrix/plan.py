@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servematrix.cells import DEFAULT_MAX_CELLS, Cell, expand
+from servematrix.engines.plugins import hooks_of
 from servematrix.redact import redact_cells
 from servematrix.selection import parse_select, parse_shard, select_keys, shard
 from servematrix.spec import PINNED, Spec, load_spec
@@ -53,7 +54,9 @@ def make_plan(
 def plan_spec(
     spec: Spec, select: Sequence[str] = (), shard_text: str | None = None, *, max_cells: int = DEFAULT_MAX_CELLS
 ) -> Plan:
-    """Validate --select and --shard, expand (within max_cells), select and shard."""
+    """Validate the engine's hooks against its data, --select and --shard; expand (within max_cells), select
+    and shard."""
+    hooks_of(spec.engine)
     which = parse_shard(shard_text)
     selection = parse_select(select, select_keys(spec))
     cells = redact_cells(selection.apply(expand(spec, max_cells=max_cells), spec.engine.pins), spec)

@@ -20,7 +20,7 @@ An `error:` is never reused. `--fresh` reuses nothing.
 from __future__ import annotations
 
 import hashlib
-import importlib
+import importlib.util
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,11 +78,13 @@ def check_sources(engine: Engine) -> tuple[Path, ...]:
     from servematrix import classify, tracebacks
     from servematrix.stages import importcheck
 
-    paths = [Path(importcheck.__file__), Path(classify.__file__), Path(tracebacks.__file__)]
+    paths = [Path(importcheck.__file__), Path(tracebacks.__file__)]
+    paths += sorted(Path(classify.__file__).parent.glob("*.py"))  # the classify package, every module
     paths += [p for p in (_packaged("data", "harness_faults.toml"),) if p is not None]
     if engine.hooks:
-        module = importlib.import_module(engine.hooks)
-        origin = Path(module.__file__ or "")
+        # Where the hooks module lies, found without importing it (the store and reuse import no plugin).
+        spec = importlib.util.find_spec(engine.hooks)
+        origin = Path(spec.origin if spec is not None and spec.origin else "")
         if origin.name == "__init__.py":  # a package: every module and data file of it
             paths += sorted(p for p in origin.parent.iterdir() if p.is_file() and p.suffix in (".py", ".toml"))
         else:

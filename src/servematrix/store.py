@@ -15,7 +15,6 @@ A file that is not a servematrix store, a corrupt one, or one that cannot be wri
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -645,12 +644,12 @@ def _final(row: Row) -> bool:
     return bool(text) and Verdict.parse(text).final
 
 
-@functools.cache
 def _engine_secret_flags() -> frozenset[str]:
-    """Every engine's secret flags: what the store masks in argv even if a caller did not."""
-    from servematrix.engines import available_engines, load_engine
+    """Every engine's secret flags, read from engine data alone (no hooks module is imported): what the store
+    masks in argv even if a caller did not."""
+    from servematrix.engines import secret_flags
 
-    return frozenset(flag for name in available_engines() for flag in load_engine(name).secret_flags)
+    return secret_flags()
 
 
 def _redact_values(values: Mapping[str, Any]) -> dict[str, Any]:

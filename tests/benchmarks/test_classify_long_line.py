@@ -37,7 +37,7 @@ def _write_logs(tmp_path: Path) -> tuple[Path, Path]:
 
 def _seconds(path: Path) -> float:
     started = time.perf_counter()
-    result = classify_file(path, env={})
+    result = classify_file(path, "sglang", env={})
     elapsed = time.perf_counter() - started
     assert result["class"] == "dynamo-untraceable"
     return elapsed

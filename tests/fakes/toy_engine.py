@@ -6,7 +6,7 @@ from __future__ import annotations
 from packaging.version import Version
 
 from servematrix import verdict
-from servematrix.engines import PreflightInput
+from servematrix.engines.hooks import PreflightInput
 from servematrix.verdict import Verdict
 
 LIMIT_BEFORE_2 = 2048

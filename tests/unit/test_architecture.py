@@ -1,42 +1,146 @@
-"""The package's shape: no module imports another that imports it back (at module level or inside a
-function; `if TYPE_CHECKING:` imports excluded), so each module can be read, tested and replaced alone."""
+"""The package's shape: no module imports another that imports it back, by any import that runs: at module
+level, inside a function, in the `else` of `if TYPE_CHECKING:`, relative, a package's `__init__` run by
+importing one of its modules, or `importlib.import_module`/`__import__` of a literal name or of a module
+that engine data names. Only `if TYPE_CHECKING:` bodies are left out (they never run). So each module can be
+read, tested and replaced alone, and reading engine data loads no engine code."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
 PACKAGE = REPO / "src" / "servematrix"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _engine_data_modules(package: Path) -> dict[str, set[str]]:
+    """The modules engine data names, by what imports them: hooks modules and model builder modules."""
+    hooks: set[str] = set()
+    builders: set[str] = set()
+    for path in sorted((package / "data" / "engines").glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        if data.get("hooks"):
+            hooks.add(data["hooks"])
+        builders |= {entry.partition(":")[0] for entry in data.get("model_builders", {}).values()}
+    return {"hooks": hooks, "builders": builders}
+
+
+def dynamic_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """What each module that imports a computed name can import. A computed import anywhere else fails the
+    test: its targets must be said here, or the graph would not see them."""
+    named = _engine_data_modules(package)
+    return {
+        "servematrix.engines.plugins": named["hooks"],  # engine data's `hooks`
+        "servematrix.models": named["builders"],  # engine data's `model_builders`
+        # Runs as a script in a cell's environment and imports flashinfer's modules, never servematrix.
+        "servematrix.engines.sglang.probe_script": set(),
+    }
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _walk_outside_type_checking(node: ast.AST):
+def _is_type_checking(test: ast.expr) -> bool:
+    return isinstance(test, ast.Name | ast.Attribute) and ast.unparse(test).endswith("TYPE_CHECKING")
+
+
+def _runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node that can run: an `if TYPE_CHECKING:` body is skipped, its `else` is not."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for branch in child.orelse:
+                yield branch
+                yield from _runtime_nodes(branch)
             continue
         yield child
-        yield from _walk_outside_type_checking(child)
+        yield from _runtime_nodes(child)
 
 
-def import_graph() -> dict[str, set[str]]:
-    files = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+def _importlib_call(node: ast.Call, aliases: set[str]) -> bool:
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        return func.attr == "import_module" and ast.unparse(func.value) in ("importlib", "importlib.util")
+    return isinstance(func, ast.Name) and (func.id == "__import__" or func.id in aliases)
+
+
+def _absolute(name: str, level: int, importer: str, is_package: bool) -> str:
+    """`name` imported with `level` leading dots from `importer`, as an absolute module name."""
+    if level == 0:
+        return name
+    base = importer.split(".")
+    base = base[: len(base) - level + (1 if is_package else 0)]
+    return ".".join([*base, name] if name else base)
+
+
+@functools.cache
+def _parse(text: str) -> ast.Module:  # a planted copy differs from the package in one file
+    return ast.parse(text)
+
+
+class UndeclaredDynamicImport(AssertionError):
+    pass
+
+
+def import_graph(package: Path = PACKAGE, dynamic: Mapping[str, set[str]] | None = None) -> dict[str, set[str]]:
+    dynamic = dynamic_imports(package) if dynamic is None else dynamic
+    paths = {_module_name(path, package): path for path in package.rglob("*.py")}
     graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        deps: set[str] = set()
-        for node in _walk_outside_type_checking(ast.parse(path.read_text(encoding="utf-8"))):
+    for name, path in paths.items():
+        is_package = path.name == "__init__.py"
+        targets: set[str] = set()
+        tree = _parse(path.read_text(encoding="utf-8"))
+        # `from importlib import import_module [as x]`: calls of x are importlib calls.
+        aliases = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "importlib"
+            for alias in node.names
+            if alias.name == "import_module"
+        }
+        for node in _runtime_nodes(tree):
             if isinstance(node, ast.Import):
-                deps |= {alias.name for alias in node.names if alias.name in files}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                module = _absolute(node.module or "", node.level, name, is_package)
                 for alias in node.names:
-                    child = f"{node.module}.{alias.name}"
-                    deps.add(child if child in files else node.module)
-        graph[name] = {d for d in deps if d in files and d != name}
+                    child = f"{module}.{alias.name}"
+                    targets.add(child if child in paths else module)
+            elif isinstance(node, ast.Call) and _importlib_call(node, aliases) and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    package_kw = next((k.value for k in node.keywords if k.arg == "package"), None)
+                    package_kw = node.args[1] if len(node.args) > 1 else package_kw
+                    level = len(arg.value) - len(arg.value.lstrip("."))
+                    anchor = package_kw.value if isinstance(package_kw, ast.Constant) and level else name
+                    targets.add(_absolute(arg.value.lstrip("."), level, anchor, is_package or anchor != name))
+                elif name in dynamic:
+                    targets |= dynamic[name]
+                else:
+                    raise UndeclaredDynamicImport(
+                        f"{path}:{node.lineno}: {name} imports a computed name ({ast.unparse(arg)}); say in "
+                        "dynamic_imports what it can import"
+                    )
+        deps: set[str] = set()
+        for target in targets:
+            parts = target.split(".")
+            # The deepest known module the name reaches, and the packages above it, whose __init__ runs
+            # first, unless the importer is inside that package (it already ran).
+            for i in range(len(parts), 0, -1):
+                module = ".".join(parts[:i])
+                if module in paths and (i == len(parts) or not name.startswith(module + ".")):
+                    deps.add(module)
+        graph[name] = {d for d in deps if d != name and d in paths}
     return graph
 
 
@@ -80,4 +184,132 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_module_of_servematrix_imports_itself_back():
     graph = import_graph()
     assert "servematrix.pipeline" in graph and "servematrix.engines.sglang" in graph
+    # The graph sees the run-time imports of plugins: the engine data's hooks module.
+    assert "servematrix.engines.sglang" in graph["servematrix.engines.plugins"]
     assert cycles(graph) == []
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for module in graph[todo.pop()] - seen:
+            seen.add(module)
+            todo.append(module)
+    return seen
+
+
+def test_the_engine_contract_and_data_load_no_engine_code():
+    graph = import_graph()
+    assert graph["servematrix.engines.hooks"] == set()  # types only (TYPE_CHECKING)
+    assert graph["servematrix.engines"] <= {"servematrix.errors", "servematrix.tomlsource"}
+    assert "servematrix.cells" not in graph["servematrix.engines.sglang"]
+    # Whatever runs, a spec, a store and the report's inputs reach no hooks module, nor the module that loads one.
+    engine_code = {"servematrix.engines.plugins", *dynamic_imports()["servematrix.engines.plugins"]}
+    for reader in ("servematrix.spec", "servematrix.store", "servematrix.report.publish"):
+        assert not _reachable(graph, reader) & engine_code, reader
+
+
+@pytest.fixture
+def package_copy(tmp_path) -> Path:
+    copy = tmp_path / "servematrix"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def _plant(package: Path, module: str, text: str) -> None:
+    path = package / module
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n" + text, encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "circle"),
+    [
+        pytest.param(
+            "store.py",
+            "def _planted():\n    from servematrix.pipeline import run_plan\n",
+            {"servematrix.store", "servematrix.pipeline"},
+            id="inside-a-function",
+        ),
+        pytest.param(
+            "engines/__init__.py",
+            "def _planted():\n    import importlib\n    return importlib.import_module('servematrix.cells')\n",
+            {"servematrix.engines", "servematrix.cells"},
+            id="importlib-literal",
+        ),
+        pytest.param(
+            "engines/__init__.py",
+            "from importlib import import_module as _im\n\n\ndef _planted():\n    return _im('.spec', 'servematrix')\n",
+            {"servematrix.engines", "servematrix.spec"},
+            id="import-module-alias-relative",
+        ),
+        pytest.param(
+            "errors.py",
+            "if TYPE_CHECKING:\n    pass\nelse:\n    from .cells import Cell\n",
+            {"servematrix.errors", "servematrix.cells"},
+            id="type-checking-else-relative",
+        ),
+        pytest.param(
+            "tomlsource.py",
+            "def _planted():\n    import servematrix.spec.x\n",
+            {"servematrix.tomlsource", "servematrix.spec"},
+            id="dotted-import",
+        ),
+    ],
+)
+def test_a_planted_run_time_circle_is_found(package_copy, module, planted, circle):
+    # The copy is the package, which has no circle (test_no_module_of_servematrix_imports_itself_back).
+    _plant(package_copy, module, planted)
+    found = cycles(import_graph(package_copy))
+    assert any(circle <= set(component) for component in found), found
+
+
+def test_the_circle_of_a_data_named_hooks_module_is_found(package_copy):
+    # The circle this test missed: the loader imported the hooks module its data names (importlib, a
+    # computed name), and sglang's hooks imported the cells, which import the spec, which loads engines.
+    _plant(
+        package_copy,
+        "engines/__init__.py",
+        "def _planted(name):\n    import importlib\n    return importlib.import_module(name)\n",
+    )
+    _plant(package_copy, "engines/sglang/__init__.py", "from servematrix.cells import Cell\n")
+    with pytest.raises(UndeclaredDynamicImport, match=r"servematrix\.engines imports a computed name"):
+        import_graph(package_copy)
+    dynamic = {**dynamic_imports(package_copy), "servematrix.engines": {"servematrix.engines.sglang"}}
+    found = cycles(import_graph(package_copy, dynamic))
+    assert any({"servematrix.engines", "servematrix.engines.sglang", "servematrix.cells"} <= set(c) for c in found)
+
+
+def test_a_package_init_counts_as_imported_by_its_modules_importers(package_copy):
+    # Importing servematrix.engines.sglang.flagsurface runs engines/sglang/__init__.py (sglang's hooks) first.
+    _plant(
+        package_copy, "store.py", "def _planted():\n    from servematrix.engines.sglang.flagsurface import flag_check\n"
+    )
+    graph = import_graph(package_copy)
+    assert {"servematrix.engines.sglang", "servematrix.engines.sglang.flagsurface"} <= graph["servematrix.store"]
+
+
+SPEC_AND_STORE_ONLY = """
+import sys
+from servematrix.spec import load_spec
+from servematrix.store import Store
+load_spec(sys.argv[1])
+with Store(sys.argv[2]) as store:
+    store.record(
+        run_id="r", cell_id="c", env_id="e", engine="sglang", mode="static", matrix="m", axes={}, inputs_hash="h",
+        status="finished", verdict="pass", started_at="2026-01-01T00:00:00Z", argv=["x", "--api-key", "k"],
+    )
+    assert store.all_rows()[0]["argv"] == ["x", "--api-key", "***"], store.all_rows()[0]["argv"]
+print(" ".join(sorted(m for m in sys.modules if m.startswith("servematrix"))))
+"""
+
+
+def test_loading_a_spec_or_opening_a_store_imports_no_engine_code(tmp_path):
+    loaded = subprocess.run(
+        [sys.executable, "-c", SPEC_AND_STORE_ONLY, str(REPO / "matrix" / "glm5-nvfp4.toml"), str(tmp_path / "s.db")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "servematrix.engines" in loaded and "servematrix.store" in loaded
+    assert not [m for m in loaded if m.startswith("servematrix.engines.") or m == "servematrix.cells"], loaded

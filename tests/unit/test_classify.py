@@ -13,10 +13,11 @@ from servematrix.classify import (
     classify_file,
     classify_text,
     load_signatures,
-    load_signatures_file,
     parse_signatures,
+    printable,
     required_literals,
 )
+from servematrix.cli import main
 from servematrix.errors import InputError
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "servematrix"
@@ -73,7 +74,7 @@ def fixture_line(name: str, line: int) -> str:
 
 @pytest.mark.parametrize(("name", "cls", "line", "evidence"), SGLANG_CASES)
 def test_sglang_fixture_classifies_to_its_class_and_line(name, cls, line, evidence):
-    result = classify_file(LOGS / name, env=NO_ENV)
+    result = classify_file(LOGS / name, "sglang", env=NO_ENV)
 
     assert set(result) == {"class", "title", "line", "excerpt"}
     assert result["class"] == cls
@@ -81,7 +82,7 @@ def test_sglang_fixture_classifies_to_its_class_and_line(name, cls, line, eviden
     assert result["title"] == load_signatures("sglang").get(cls).title
     assert fixture_line(name, line) in result["excerpt"]
 
-    match = classify_text((LOGS / name).read_text(encoding="utf-8"), env=NO_ENV)
+    match = classify_text((LOGS / name).read_text(encoding="utf-8"), "sglang", env=NO_ENV)
     assert match is not None
     assert (match.cls, match.line, match.evidence) == (cls, line, evidence)
     assert match.to_contract() == result
@@ -146,7 +147,7 @@ def test_cause_wins_whichever_order_it_is_printed_in(cause_first):
     generic = "[2026-01-01 10:00:01 TP0] Scheduler hit an exception: Traceback (most recent call last):"
     cause = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
     lines = ["[2026-01-01 10:00:00 TP0] Load weight end.", *((cause, generic) if cause_first else (generic, cause))]
-    match = classify_text("\n".join(lines))
+    match = classify_text("\n".join(lines), "sglang")
     assert match is not None
     assert match.cls == "kv-cache-oom"
     assert match.line == (2 if cause_first else 3)
@@ -155,8 +156,8 @@ def test_cause_wins_whichever_order_it_is_printed_in(cause_first):
 def test_wrapper_line_names_dynamo_only_when_the_error_is_dynamos():
     dynamo = "[t TP0] Piecewise CUDA Graph failed with error: Attempted to call function marked as skipped"
     other = "[t TP0] Piecewise CUDA Graph failed with error: CUDA error: an illegal memory access was encountered"
-    assert classify_text(dynamo).cls == "dynamo-untraceable"
-    assert classify_text(other).cls == "graph-capture-failed"
+    assert classify_text(dynamo, "sglang").cls == "dynamo-untraceable"
+    assert classify_text(other, "sglang").cls == "graph-capture-failed"
 
 
 def test_equal_priorities_pick_the_earliest_line():
@@ -192,14 +193,14 @@ patterns = ["BETA"]
 
 
 def test_evidence_labels_the_verdict():
-    match = classify_text((LOGS / "dynamo-untraceable-sglang-0.5.10.log").read_text(encoding="utf-8"))
+    match = classify_text((LOGS / "dynamo-untraceable-sglang-0.5.10.log").read_text(encoding="utf-8"), "sglang")
     assert match.evidence == ("flashinfer fp4 JIT",)
     assert match.label == "dynamo-untraceable (flashinfer fp4 JIT)"
 
 
 def test_no_evidence_without_the_flashinfer_frames():
     text = "torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped\n  Explanation: ...\n"
-    match = classify_text(text)
+    match = classify_text(text, "sglang")
     assert match.cls == "dynamo-untraceable"
     assert match.evidence == ()
     assert match.label == "dynamo-untraceable"
@@ -211,7 +212,7 @@ def test_evidence_belongs_to_its_class_only():
         '  File "/venv/lib/python3.11/site-packages/flashinfer/fp4_quantization.py", line 677, in fp4_quantize\n'
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
     )
-    match = classify_text(text)
+    match = classify_text(text, "sglang")
     assert match.cls == "cuda-oom"
     assert match.evidence == ()
 
@@ -232,7 +233,7 @@ def test_scanner_reports_the_first_fatal_line_once():
     assert found.excerpt.splitlines()[-1] == lines[21].rstrip("\n")
     assert len(found.excerpt.splitlines()) == 4
     assert scanner.line_count == len(lines)
-    assert scanner.best() == classify_text("".join(lines), env=NO_ENV)
+    assert scanner.best() == classify_text("".join(lines), "sglang", env=NO_ENV)
 
 
 def test_scanner_aborts_on_the_generic_line_and_best_reranks():
@@ -273,6 +274,48 @@ def test_scanner_ignores_terminal_colours():
     assert "\x1b" not in found.excerpt
 
 
+NCCL = "RuntimeError: NCCL error: unhandled cuda error"
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # what a terminal acts on; tab is plain text
+
+# (a log line, what is left of it): every terminal control sequence goes, with its payload, and the text stays.
+CONTROL_CASES = [
+    ("\x1b]52;c;ZWNobyBwd25lZA==\x07" + NCCL, NCCL),  # OSC 52: writes the clipboard
+    ("\x1b]8;;https://example.invalid\x1b\\" + NCCL + "\x1b]8;;\x1b\\", NCCL),  # OSC 8 link, ST-terminated
+    ("\x1b]0;title\x9c" + NCCL, NCCL),  # 8-bit ST
+    ("\x9d52;c;ZWNobw==\x07" + NCCL, NCCL),  # 8-bit OSC
+    ("\x1bP1$qm\x1b\\" + NCCL, NCCL),  # DCS
+    ("\x1b_apc\x1b\\\x1b^pm\x1b\\\x1bXsos\x1b\\" + NCCL, NCCL),  # APC, PM, SOS
+    ("\x9b2J\x1b[?1049h\x1b[38;5;196m" + NCCL + "\x1b[0m", NCCL),  # CSI, 7- and 8-bit
+    ("\x1bc\x1b(0\x1b7" + NCCL + "\x1b8", NCCL),  # reset, charset, save/restore cursor
+    ("\x07\x08\x0e" + NCCL + "\x7f\x1b", NCCL),  # bell, backspace, shift out, DEL, a lone ESC
+    ("\x1b]52;c;never terminated " + NCCL, "52;c;never terminated " + NCCL),  # only the introducer goes
+    ("\t" + NCCL, "\t" + NCCL),
+]
+
+
+@pytest.mark.parametrize(("line", "left"), CONTROL_CASES)
+def test_no_terminal_control_sequence_reaches_an_excerpt(line, left):
+    assert printable(line) == left
+    found = classify_text(f"noise\n{line}\n", "sglang")
+    assert found is not None and found.cls == "nccl-error"
+    assert not CONTROL.search(found.excerpt.replace("\n", "")), repr(found.excerpt)
+
+
+def test_classify_prints_no_terminal_control_sequence(tmp_path, capsys):
+    log = tmp_path / "server.log"
+    log.write_bytes(("\n".join(line for line, _ in CONTROL_CASES) + "\n").encode())
+    assert main(["classify", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nccl-error:") and not CONTROL.search(out.replace("\n", "")), repr(out)
+
+
+def test_removing_control_sequences_stays_linear_on_unterminated_strings():
+    # Each 8-bit OSC introducer opens a string that is never terminated: a body scan that ran to the end of the
+    # line from each one would cost 30,000 x 30,000 steps here.
+    assert printable("\x9da" * 30_000) == "a" * 30_000
+    assert printable("\x1b]a" * 30_000) == "a" * 30_000
+
+
 def test_scanner_accepts_a_signatures_object():
     sigs = load_signatures("transformers")
     assert LogScanner(sigs).feed("ModuleNotFoundError: No module named 'requests'").cls == "missing-module"
@@ -292,7 +335,7 @@ def test_excerpt_is_redacted():
             "[2026-01-01 10:00:03] env value mysecretvalue42 echoed",
         ]
     )
-    match = classify_text(text, env={"MY_PASSWORD": "mysecretvalue42"})
+    match = classify_text(text, "sglang", env={"MY_PASSWORD": "mysecretvalue42"})
     assert match.cls == "kv-cache-oom"
     assert secret not in match.excerpt
     assert "plainsecret99" not in match.excerpt
@@ -304,14 +347,14 @@ def test_excerpt_is_redacted():
 def test_excerpt_has_context_around_the_deciding_line():
     lines = [f"line {i}" for i in range(1, 21)]
     lines[9] = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
-    match = classify_text("\n".join(lines))
+    match = classify_text("\n".join(lines), "sglang")
     assert match.line == 10
     assert match.excerpt.splitlines() == lines[6:15]
 
 
 def test_excerpt_clips_huge_lines():
     text = "x" * 50_000 + "\nRuntimeError: NCCL error: remote process exited\n"
-    match = classify_text(text)
+    match = classify_text(text, "sglang")
     assert match.line == 2
     assert len(match.excerpt) < 2_000
 
@@ -323,13 +366,13 @@ def test_classify_file_reads_bad_bytes_and_bare_carriage_returns(tmp_path):
         b"\xff\xfe not utf-8\n"
         b"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
     )
-    result = classify_file(log)
+    result = classify_file(log, "sglang")
     assert (result["class"], result["line"]) == ("kv-cache-oom", 3)
 
 
 def test_classify_file_of_a_missing_file_is_bad_input(tmp_path):
     with pytest.raises(InputError, match="cannot read log file"):
-        classify_file(tmp_path / "absent.log")
+        classify_file(tmp_path / "absent.log", "sglang")
 
 
 # ---- signature data --------------------------------------------------------------------------------
@@ -412,10 +455,15 @@ patterns = ["SECOND", "OTHER"]
 """
 
 
+def _from_file(path: Path):
+    """Signatures from a test's own file (the engine is the file's stem, as a packaged file's name is)."""
+    return parse_signatures(path.read_bytes(), source=str(path), default_engine=path.stem)
+
+
 def test_a_valid_toy_file_loads(tmp_path):
     path = tmp_path / "toy.toml"
     path.write_text(GOOD)
-    sigs = load_signatures_file(path)
+    sigs = _from_file(path)
     assert sigs.ids == ("first", "second")
     assert classify_text("EVIDENCE\nSECOND\n", sigs).label == "second (ev)"
 
@@ -468,7 +516,7 @@ def test_malformed_data_names_file_line_and_key(tmp_path, old, new, key, line, m
         if key == "engine":
             parse_signatures(path.read_text(), source=str(path), engine="toy")
         else:
-            load_signatures_file(path)
+            _from_file(path)
     assert isinstance(info.value, InputError)
     text = str(info.value)
     assert text.startswith(f"{path}:{line}: {key}: "), text
@@ -490,12 +538,7 @@ def test_a_signature_file_that_is_not_utf8_names_the_line(tmp_path):
     path = tmp_path / "toy.toml"
     path.write_bytes(GOOD.encode().replace(b'title = "Second"', b'title = "Sec\xffond"'))
     with pytest.raises(SignatureDataError, match=rf"^{re.escape(str(path))}:15: not valid UTF-8"):
-        load_signatures_file(path)
-
-
-def test_a_missing_signature_file_is_bad_input(tmp_path):
-    with pytest.raises(SignatureDataError, match="cannot read signature file"):
-        load_signatures_file(tmp_path / "none.toml")
+        _from_file(path)
 
 
 def test_signatures_are_immutable_data():
@@ -559,7 +602,7 @@ def test_a_pattern_the_reader_does_not_follow_is_searched_on_every_line(tmp_path
     assert required_literals(re.compile(pattern)) == (None, False)
     path = tmp_path / "toy.toml"
     path.write_text(GOOD.replace('patterns = ["FIRST"]', f"patterns = ['{pattern}']", 1), encoding="utf-8")
-    sigs = load_signatures_file(path)
+    sigs = _from_file(path)
     assert sigs.prefilter.probes[0].literals == ()
     assert classify_text(f"noise\n{line}\n", sigs).cls == "first"
 

@@ -65,7 +65,7 @@ def test_a_200_mb_line_is_read_in_chunks_and_memory_stays_bounded():
 def test_classify_file_names_the_cut_line_on_stderr(tmp_path, capsys):
     log = tmp_path / "server.log"
     log.write_bytes(b"start\n" + b"y" * (3 * LINE_SCAN_MAX) + b"\n" + FATAL.encode() + b"\n")
-    result = classify_file(log, env={})
+    result = classify_file(log, "sglang", env={})
     assert (result["class"], result["line"]) == ("dynamo-untraceable", 3)
     assert set(result) == {"class", "title", "line", "excerpt"}  # the contract's shape is unchanged
     # The long line is in the excerpt's context, clipped for people.
@@ -80,7 +80,7 @@ def test_no_note_when_no_line_was_cut(tmp_path, capsys):
     match = scan_stream(log.open("rb"), "sglang", env={}).best()
     assert match is not None and match.cls == "dynamo-untraceable"
     assert not any("truncated" in label for label in match.evidence)
-    classify_file(log, env={})
+    classify_file(log, "sglang", env={})
     assert "truncated" not in capsys.readouterr().err
 
 
@@ -96,8 +96,10 @@ def test_a_signature_at_the_start_of_a_long_line_is_found_and_the_verdict_says_i
 
 def test_only_the_start_of_a_line_is_scanned():
     """The cap is real: text past it is not searched (which is why the verdict says a line was cut)."""
-    assert classify_text("z" * LINE_SCAN_MAX + FATAL + "\n") is None
-    assert classify_text("z" * (LINE_SCAN_MAX - len(FATAL) - 1) + " " + FATAL + "\n").cls == "dynamo-untraceable"
+    assert classify_text("z" * LINE_SCAN_MAX + FATAL + "\n", "sglang") is None
+    assert (
+        classify_text("z" * (LINE_SCAN_MAX - len(FATAL) - 1) + " " + FATAL + "\n", "sglang").cls == "dynamo-untraceable"
+    )
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7, 64, 4096])

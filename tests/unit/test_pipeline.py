@@ -12,7 +12,8 @@ import pytest
 from rich.console import Console
 
 from servematrix import hostinfo
-from servematrix.engines import ENGINES_PATH_ENV, PreflightUnavailable
+from servematrix.engines import ENGINES_PATH_ENV
+from servematrix.engines.hooks import PreflightUnavailable
 from servematrix.pipeline import RunOptions, run_plan
 from servematrix.plan import make_plan
 from servematrix.store import Store

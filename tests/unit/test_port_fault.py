@@ -34,11 +34,11 @@ def test_the_json_contract_keeps_its_shape(capsys):
 
 
 def test_the_arithmetic_follows_the_number_in_the_log():
-    found = classify_text("ValueError: SGLANG_GRPC_PORT (70001) must be between 1 and 65535\n")
+    found = classify_text("ValueError: SGLANG_GRPC_PORT (70001) must be between 1 and 65535\n", "sglang")
     assert found is not None and found.cls == "port-out-of-range"
     assert found.evidence == ("port arithmetic: SGLANG_GRPC_PORT 70001 = --port 60001 + 10000, above 65535",)
     # Another derived port: the class still names the fault, with no arithmetic it cannot know.
-    other = classify_text("ValueError: SGLANG_DIST_PORT (65599) must be between 1 and 65535\n")
+    other = classify_text("ValueError: SGLANG_DIST_PORT (65599) must be between 1 and 65535\n", "sglang")
     assert other is not None and (other.cls, other.evidence) == ("port-out-of-range", ())
 
 

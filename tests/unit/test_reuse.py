@@ -198,13 +198,13 @@ def test_the_product_matrix_is_hashed_from_its_committed_lock_engine_data_and_pr
     probe_script = next(p for p in sources if p.name == "probe_script.py")
     assert {"traceprobe.py", "flagsurface.py", "probe.toml", "importcheck.py"} <= {p.name for p in sources}
     copies = []
-    for source in sources:
-        copies.append(tmp_path / "src" / source.name)
-        copies[-1].parent.mkdir(exist_ok=True)
+    for index, source in enumerate(sources):  # one folder each: two packages each have an __init__.py
+        copies.append(tmp_path / "src" / str(index) / source.name)
+        copies[-1].parent.mkdir(parents=True)
         copies[-1].write_bytes(source.read_bytes())
     same = reuse.files_digest(copies)
     assert same == reuse.files_digest(sources)
-    copy = tmp_path / "src" / probe_script.name
+    copy = copies[sources.index(probe_script)]
     copy.write_bytes(copy.read_bytes().replace(b"import", b"import ", 1))
     assert reuse.files_digest(copies) != same
 

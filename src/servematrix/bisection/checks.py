@@ -28,7 +28,8 @@ from rich.console import Console
 from servematrix import hostinfo, verdict
 from servematrix.backends import Backend
 from servematrix.cells import Cell, Environment, content_hash
-from servematrix.engines import GENERIC_PREFLIGHTS, Hooks, PreflightInput
+from servematrix.engines.hooks import GENERIC_PREFLIGHTS, PreflightInput
+from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.locking import resolve_request
 from servematrix.pipeline import RunOptions, cell_row, gpu_ready, inputs_hash, run_plan
@@ -201,7 +202,7 @@ class Checker:
         self.backend = backend
         self.say = say
         self._runs = 0
-        self._hooks = Hooks.of(target.spec.engine)
+        self._hooks = hooks_of(target.spec.engine)
 
     def stages_here(self) -> tuple[str, ...]:
         """The stages this host can decide at, cheapest first."""

@@ -28,7 +28,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from servematrix.bisection.checks import Checker, CheckOptions, find_target
     from servematrix.bisection.releases import between, check_ends, default_index, fetch_releases
     from servematrix.bisection.runner import Undecided, bisect, record_note
-    from servematrix.engines import Hooks
+    from servematrix.engines.plugins import hooks_of
     from servematrix.pipeline import builds_here
     from servematrix.plan import Plan
     from servematrix.spec import load_spec
@@ -37,7 +37,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if not args.matrix.is_file():
         raise InputError(f"{args.matrix}: no such matrix file")
     spec = load_spec(args.matrix)
-    if args.probe_entry and Hooks.of(spec.engine).probe_entry is None:
+    if args.probe_entry and hooks_of(spec.engine).probe_entry is None:
         raise InputError(f"--probe-entry: engine {spec.engine.name} has no entry probe (its hooks' probe_entry)")
     if args.probe_entry and args.stage not in (None, "probe"):
         raise InputError(f"--probe-entry decides at the probe stage, not --stage {args.stage}")

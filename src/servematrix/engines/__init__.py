@@ -4,25 +4,23 @@ An engine says how to install a version (requirements), how to launch it (argv b
 to tell it is ready, which flags each mode needs in each version, and which flags were renamed. This
 module reads those tables; adding an engine or a version is a data change.
 
-What data cannot say, an engine's hooks module does (`hooks = "servematrix.engines.sglang"` in its data):
-its CPU pre-flights (`PREFLIGHTS`, by the names the data's `preflight` lists) and what the run says about
-them before it starts (`preamble`). The runner calls them by name and knows nothing of any engine.
+What data cannot say, an engine's hooks module does (`hooks = "servematrix.engines.sglang"` in its data),
+to the contract in `engines/hooks.py`; `engines/plugins.py` imports it and checks the data's names against
+it when a plan is made. This module reads data only, and imports no hooks: loading a spec or reading a
+store loads no engine code. The runner calls hooks by name and knows nothing of any engine.
 Engine data files are found in the directories of `SERVEMATRIX_ENGINES` (os.pathsep-separated), then
-among servematrix's own.
+among servematrix's own; only their file names (`ENGINE_NAME`) are engine names.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -32,10 +30,6 @@ from pydantic import ConfigDict, Field, field_validator
 from servematrix import tomlsource
 from servematrix.errors import InputError
 from servematrix.tomlsource import DataTable
-
-if TYPE_CHECKING:
-    from servematrix.cells import Cell
-    from servematrix.verdict import Verdict
 
 
 class _Ranged(DataTable):
@@ -222,51 +216,10 @@ class Engine(DataTable):
         return next((row for row in self.mode_evidence if row.mode == mode and row.contains(parsed)), None)
 
 
-GENERIC_PREFLIGHTS = ("import",)  # run by the runner's own stages, for any engine
 ENGINES_PATH_ENV = "SERVEMATRIX_ENGINES"
-
-
-class PreflightUnavailable(Exception):
-    """A pre-flight that cannot run here (e.g. a wheel it reads could not be downloaded): it predicts
-    nothing, and the GPU stages decide. Any other exception from a hook is a harness fault."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PreflightInput:
-    """What a pre-flight hook is given about one cell."""
-
-    cell: Cell
-    engine: Engine
-    pins: Mapping[str, str]  # the environment's resolved lock, by package name (empty before resolve)
-    cache_dir: Path  # where a hook keeps what it fetched or derived, shared by every cell
-
-    def package(self, axis: str) -> str | None:
-        """The version of an axis's package: the lock's, else the axis value or the release pin."""
-        return self.pins.get(self.engine.axis_package(axis)) or self.cell.env.effective(axis, self.engine.pins)
-
-
-Preflight = Callable[[PreflightInput], "Verdict | None"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Hooks:
-    """An engine's hooks module, as the runner sees it."""
-
-    preflights: Mapping[str, Preflight]
-    preamble: Callable[[Sequence[Cell], Engine, Path], list[str]] | None = None
-    # `bisect --probe-entry ENTRY`: one named probe of a cell, as (verdict, whether its result was cached).
-    probe_entry: Callable[..., tuple[Verdict, bool]] | None = None
-
-    @staticmethod
-    def of(engine: Engine) -> Hooks:
-        if not engine.hooks:
-            return Hooks(preflights={})
-        module = importlib.import_module(engine.hooks)
-        return Hooks(
-            preflights=getattr(module, "PREFLIGHTS", {}),
-            preamble=getattr(module, "preamble", None),
-            probe_entry=getattr(module, "probe_entry", None),
-        )
+# An engine's name is the stem of its data file: an identifier, never a path. Anything else (a store row's
+# "../../tmp/evil/e") is refused before it is joined into one.
+ENGINE_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 def _engine_folders() -> list[Traversable]:
@@ -275,42 +228,66 @@ def _engine_folders() -> list[Traversable]:
     return [*extra, resources.files("servematrix.data").joinpath("engines")]
 
 
-def load_engine(name: str) -> Engine:
+def engine_file(name: str) -> Traversable | None:
+    """The data file of the registered engine `name` (one of `available_engines()`), None for any other name:
+    only an identifier is joined into a folder's path, so no name reaches outside the engine folders."""
+    if not ENGINE_NAME.match(name):
+        return None
     for folder in _engine_folders():
         candidate = folder.joinpath(f"{name}.toml")
         if candidate.is_file():
-            with resources.as_file(candidate) as path:
-                return _load(path)
-    known = ", ".join(available_engines())
-    raise InputError(f"unknown engine {name!r} (known: {known})")
+            return candidate
+    return None
+
+
+def check_registered(name: object, where: str) -> None:
+    """A name read from a store row or a published record (`where`): one of `available_engines()`, else an
+    InputError at `where`, before anything loads it."""
+    if not isinstance(name, str) or engine_file(name) is None:
+        shown = repr(name)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise InputError(
+            f"{where}: engine {shown} is not a registered engine (known: {', '.join(available_engines())})"
+        )
+
+
+def load_engine(name: str) -> Engine:
+    candidate = engine_file(name)
+    if candidate is None:
+        known = ", ".join(available_engines())
+        raise InputError(f"unknown engine {name!r} (known: {known})")
+    with resources.as_file(candidate) as path:
+        return _load(path)
 
 
 @functools.cache
 def _load(path: Path) -> Engine:
+    """Engine data alone: its hooks module is neither imported nor checked here (`engines/plugins.py`)."""
     source = tomlsource.load(path, what="engine data")
     engine = tomlsource.validate(source, Engine)
-    try:
-        hooks = Hooks.of(engine)
-    except ImportError as exc:
-        raise source.error(("hooks",), f"cannot import the hooks module {engine.hooks!r}: {exc}") from None
-    for i, name in enumerate(engine.preflight):
-        if name not in GENERIC_PREFLIGHTS and name not in hooks.preflights:
-            known = ", ".join((*GENERIC_PREFLIGHTS, *hooks.preflights))
-            raise source.error(
-                ("preflight", i),
-                f"pre-flight {name!r} is neither generic nor one of {engine.hooks or 'the (absent) hooks module'}'s "
-                f"PREFLIGHTS (known: {known})",
-            )
+    if engine.name != path.stem:
+        raise source.error(("name",), f"engine data in {path.name} names itself {engine.name!r}, not {path.stem!r}")
     return engine
 
 
+def secret_flags() -> frozenset[str]:
+    """Every registered engine's secret flags, from their data alone: what a store masks in any argv."""
+    return _secret_flags(os.environ.get(ENGINES_PATH_ENV, ""))
+
+
+@functools.cache
+def _secret_flags(_engine_path: str) -> frozenset[str]:  # keyed by SERVEMATRIX_ENGINES: its engines count too
+    return frozenset(flag for name in available_engines() for flag in load_engine(name).secret_flags)
+
+
 def available_engines() -> list[str]:
+    """The registry: the engine names of every data file found (`ENGINE_NAME`), in name order."""
     return sorted(
         {
             p.name.removesuffix(".toml")
             for folder in _engine_folders()
             if folder.is_dir()
             for p in folder.iterdir()
-            if p.name.endswith(".toml")
+            if p.name.endswith(".toml") and ENGINE_NAME.match(p.name.removesuffix(".toml"))
         }
     )

@@ -25,12 +25,13 @@ import shutil
 import sqlite3
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from servematrix.engines import check_registered
 from servematrix.errors import InputError
 from servematrix.report import owned
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
@@ -58,6 +59,7 @@ def store_rows(path: Path) -> list[Row]:
         raise InputError(f"{path}: not a servematrix store ({exc})") from None
     if not rows:
         raise InputError(f"{path}: no finished cell runs in this store: nothing to report")
+    _check_engines((row["engine"], f"{path}: the row of cell {row['cell_id']!r}") for row in rows)
     return rows
 
 
@@ -146,14 +148,30 @@ def _check_writable(folder: Path, targets: Sequence[Path]) -> None:
                 raise InputError(f"{target}: cannot be replaced ({exc.strerror}); nothing was written") from None
 
 
+def _check_engines(named: Iterable[tuple[object, str]]) -> None:
+    """Each row's engine, with where the row is: a row's engine is loaded to render it, so only a registered
+    engine is allowed (each name checked once)."""
+    registered: set[str] = set()
+    for name, where in named:
+        if not (isinstance(name, str) and name in registered):
+            check_registered(name, where)
+            registered.add(str(name))
+
+
 def read_record(path: Path) -> dict[str, Any] | None:
     """The published record at `path`, None when there is none; a malformed one is an InputError."""
     try:
-        return load_export(path)
+        record = load_export(path)
     except ValueError as exc:  # json.JSONDecodeError included
         raise InputError(f"{path}: not a servematrix results record ({exc})") from None
     except OSError as exc:  # a name too long, a folder that cannot be read
         raise InputError(f"{str(path)[:200]}: cannot read the results record ({exc.strerror})") from None
+    cells = (record or {}).get("cells", {})
+    _check_engines(
+        (entry.get("engine") if isinstance(entry, Mapping) else None, f"{path}: cell {cell_id!r}")
+        for cell_id, entry in cells.items()
+    )
+    return record
 
 
 def refuse_published(out_dir: Path) -> None:

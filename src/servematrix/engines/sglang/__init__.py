@@ -1,4 +1,5 @@
-"""sglang's hooks: the CPU pre-flights its data names (`preflight = ["flags", "trace", "import"]`).
+"""sglang's hooks (the contract: `engines/hooks.py`): the CPU pre-flights its data names
+(`preflight = ["flags", "trace", "import"]`) and the trace probe's preamble.
 
 - `flags`: every flag of the cell's server argv must be accepted by that sglang release, and every value must
   be among its declared choices (`flagsurface`, read from the wheel of the cell's Python and platform).
@@ -13,13 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servematrix import verdict
-from servematrix.cells import Cell
-from servematrix.engines import Engine, PreflightInput, PreflightUnavailable
+from servematrix.engines.hooks import PreflightInput, PreflightUnavailable
 from servematrix.engines.sglang import flagsurface, traceprobe
 from servematrix.errors import InputError
 from servematrix.verdict import Verdict
+
+if TYPE_CHECKING:  # the contract's types only: a hooks module loads neither the cells nor the engine loader
+    from servematrix.cells import Cell
+    from servematrix.engines import Engine
 
 
 def flags(inp: PreflightInput) -> Verdict | None:

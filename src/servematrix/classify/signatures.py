@@ -1,0 +1,211 @@
+"""Failure signatures: the data file's schema (pydantic, unknown keys forbidden, errors located by
+`tomlsource`) and its loader, with the checks that span keys (engine, harness-assigned classes, unique ids).
+
+The signatures are data (`servematrix/data/signatures/<engine>.toml`); an engine without a file has none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator, model_validator
+
+from servematrix import tomlsource
+from servematrix.classify.prefilter import Prefilter
+from servematrix.errors import InputError, Location
+from servematrix.tomlsource import DataTable, TomlSource
+
+SCHEMA = 1
+_ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+IMPORT_CONFLICT = "import-dependency-conflict"  # assigned from a traceback (tracebacks.py), not a pattern
+
+
+class SignatureDataError(InputError):
+    """A signature data file is missing or malformed; the message names the file, line and key."""
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ValueError(f"must be lowercase words joined by '-', got {value!r}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _regex(value: Any) -> re.Pattern[str]:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty regex string, got {value!r}")
+    try:
+        regex = re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {value!r}: {exc}") from None
+    # Such a pattern would match every line of every log.
+    if regex.search("") is not None:
+        raise ValueError(f"regex {value!r} matches an empty line")
+    return regex
+
+
+def _schema(value: Any) -> int:
+    if value != SCHEMA or isinstance(value, bool):
+        raise ValueError(f"schema must be {SCHEMA}, got {value!r}")
+    return SCHEMA
+
+
+Name = Annotated[str, BeforeValidator(_name)]
+Text = Annotated[str, BeforeValidator(_text)]
+Regex = Annotated[re.Pattern[str], BeforeValidator(_regex)]
+
+
+# In an evidence label, `{name}` is what the pattern's group `(?P<name>...)` matched, and `{name-N}` or
+# `{name+N}` that number less or plus N: the arithmetic that makes a number in a log line mean something
+# (sglang's gRPC port is --port + 10000).
+PLACEHOLDER = re.compile(r"\{(\w+)(?:([+-])(\d+))?\}")
+
+
+class Evidence(DataTable):
+    label: Text
+    patterns: tuple[Regex, ...]
+
+    @field_validator("patterns")
+    @classmethod
+    def _not_empty(cls, patterns: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:
+        if not patterns:
+            raise ValueError("needs at least one pattern")
+        return patterns
+
+    @model_validator(mode="after")
+    def _placeholders_are_groups(self) -> Evidence:
+        for name in (found.group(1) for found in PLACEHOLDER.finditer(self.label)):
+            for pattern in self.patterns:
+                if name not in pattern.groupindex:
+                    raise ValueError(f"label names {{{name}}}, a group pattern {pattern.pattern!r} does not have")
+        return self
+
+    def text(self, found: re.Match[str]) -> str:
+        """The label, its placeholders filled from what the pattern matched."""
+
+        def fill(placeholder: re.Match[str]) -> str:
+            value = found.group(placeholder.group(1)) or ""
+            if placeholder.group(2) is None or not value.isdigit():
+                return value
+            offset = int(placeholder.group(3))
+            return str(int(value) - offset if placeholder.group(2) == "-" else int(value) + offset)
+
+        return PLACEHOLDER.sub(fill, self.label)
+
+
+class Signature(DataTable):
+    id: Name
+    title: Text
+    explanation: Text
+    workaround: Text
+    fatal: StrictBool
+    priority: StrictInt
+    patterns: tuple[Regex, ...]
+    evidence: tuple[Evidence, ...] = ()
+    # Assigned by the harness from outside the log (server-timeout); such a signature has no patterns.
+    harness_assigned: StrictBool = False
+
+
+class SignatureFile(DataTable):
+    schema_version: Annotated[int, BeforeValidator(_schema)] = Field(alias="schema")
+    engine: Name | None = None  # default: the engine asked for, or the file's stem
+    signature: tuple[Signature, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signatures:
+    engine: str
+    source: str
+    signatures: tuple[Signature, ...]
+    prefilter: Prefilter = field(repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[Signature]:
+        return iter(self.signatures)
+
+    def __len__(self) -> int:
+        return len(self.signatures)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(signature.id for signature in self.signatures)
+
+    def get(self, signature_id: str) -> Signature | None:
+        for signature in self.signatures:
+            if signature.id == signature_id:
+                return signature
+        return None
+
+
+@functools.cache
+def load_signatures(engine: str) -> Signatures:
+    """The packaged signatures of an engine (servematrix/data/signatures/<engine>.toml)."""
+    shown = f"servematrix/data/signatures/{engine}.toml"
+    if not _ID.match(engine):
+        raise SignatureDataError(f"not an engine name: {engine!r}", Location(file=shown))
+    resource = resources.files("servematrix.data") / "signatures" / f"{engine}.toml"
+    if not resource.is_file():
+        # An engine may come without signatures (a new one, or one defined outside servematrix): its logs are
+        # then classified by nothing, and a failure is `fail:unclassified` with its last lines.
+        from servematrix.engines import available_engines
+
+        if engine not in available_engines():
+            raise SignatureDataError(f"no failure signatures for engine {engine!r}", Location(file=shown))
+        return Signatures(engine=engine, source=shown, signatures=(), prefilter=Prefilter(()))
+    with _signature_errors():
+        return _signatures(tomlsource.parse(resource.read_bytes(), shown), engine=engine, default_engine=engine)
+
+
+def parse_signatures(
+    data: str | bytes, *, source: str, engine: str | None = None, default_engine: str = ""
+) -> Signatures:
+    """Validate and compile signature data (a file's text or bytes, named `source` in errors). `engine`, when
+    given, must agree with the file's `engine`."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with _signature_errors():
+        return _signatures(tomlsource.parse(raw, source), engine=engine, default_engine=default_engine)
+
+
+@contextlib.contextmanager
+def _signature_errors() -> Iterator[None]:
+    try:
+        yield
+    except SignatureDataError:
+        raise
+    except InputError as exc:
+        raise SignatureDataError(exc.message, exc.location) from None
+
+
+def _signatures(source: TomlSource, *, engine: str | None, default_engine: str) -> Signatures:
+    """The checks that span keys, after the schema's: the engine, harness-assigned classes, unique ids."""
+    data = tomlsource.validate(source, SignatureFile)
+    file_engine = data.engine if data.engine is not None else (engine or default_engine)
+    if not _ID.match(file_engine):
+        raise source.error(("engine",), f"engine must be a lowercase name, got {file_engine!r}")
+    if engine is not None and file_engine != engine:
+        raise source.error(("engine",), f"file is for engine {file_engine!r}, expected {engine!r}")
+    if not data.signature:
+        raise source.error(("signature",), "expected one or more [[signature]] tables")
+    seen: set[str] = set()
+    for index, signature in enumerate(data.signature):
+        at = ("signature", index)
+        if signature.harness_assigned and signature.patterns:
+            raise source.error((*at, "patterns"), "a harness-assigned signature matches no log line: leave it empty")
+        if not signature.harness_assigned and not signature.patterns:
+            raise source.error((*at, "patterns"), "needs at least one pattern")
+        if signature.id in seen:
+            raise source.error((*at, "id"), f"duplicate signature id {signature.id!r}")
+        seen.add(signature.id)
+    return Signatures(
+        engine=file_engine, source=str(source.path), signatures=data.signature, prefilter=Prefilter(data.signature)
+    )
