@@ -74,6 +74,7 @@ class _Dom(HTMLParser):
         self.root: dict[str, str | None] = {}
         self.rows: list[dict[str, str | None]] = []
         self.shown: list[str | None] = []
+        self.no_match: list[bool] = []  # per matrix: is its "no cell matches the filters" line shown
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = dict(attrs)
@@ -83,6 +84,8 @@ class _Dom(HTMLParser):
             self.rows.append(values)
         elif tag == "output":
             self.shown.append(values.get("data-shown"))
+        elif tag == "p" and "no-match" in (values.get("class") or ""):
+            self.no_match.append("hidden" not in values)
 
 
 def dom_after_script(browser: str, profile: Path, page: Path, query: str) -> _Dom:
@@ -169,3 +172,6 @@ def test_page_from_a_real_run_renders_and_filters_in_chromium(smoke_project: Pat
     assert [(r["data-axis-transformers"], r["data-mode"]) for r in visible(one)] == [("5.24.0", "continuous-batching")]
     failed = dom_after_script(browser, tmp_path / "profile", page, "?verdict=fail")
     assert visible(failed) == [] and failed.shown == ["0"]
+    # A filter that matches nothing says so in one line instead of an empty table (issue 27); it is hidden
+    # while cells show.
+    assert failed.no_match == [True] and everything.no_match == [False] and by_mode.no_match == [False]

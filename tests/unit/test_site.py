@@ -604,3 +604,22 @@ def test_a_longer_ttft_beyond_the_noise_is_a_regression():
     assert ttft.cell_id == "c2" and ttft.concurrency == 1
     assert "TTFT @1 40.5 -> 60.5 ms" in ttft.reason
     assert not [r for r in detect_regressions(before, export) if r.kind == "ttft"]  # the same run: none
+
+
+def test_each_matrix_has_its_own_counts_and_the_one_run_last_leads(tmp_path: Path):
+    # Two matrices in one report (issue 27): the badges of one never mix with the other's, and the matrix
+    # whose cells finished last comes first, in the table and on the page.
+    older = [Row(values={**r.values, "finished_at": "2025-01-01T00:00:00+00:00"}) for r in sglang_rows()]
+    newer = [
+        Row(values={**r.values, "cell_id": f"t{i}", "matrix": "matrix/other.toml", "env_id": f"o{i}",
+                    "finished_at": "2026-06-01T00:00:00+00:00"})
+        for i, r in enumerate(sglang_rows()[4:6])
+    ]  # fmt: skip
+    table = markdown.render([*older, *newer])
+    assert table.index("## `matrix/other.toml`") < table.index("## `matrix/synthetic-sglang.toml`")
+    assert "2 cell(s) of this matrix: 2 pass." in table
+    html = render_html([*older, *newer])
+    assert html.index('data-matrix="matrix/other.toml"') < html.index('data-matrix="matrix/synthetic-sglang.toml"')
+    assert '<p class="summary matrix-counts" data-matrix-total="2">2 cell(s) of this matrix:' in html
+    assert "8 cell(s) of this matrix:" in html and "in 2 matrices, the most recently run first" in html
+    assert '<p class="no-match" hidden>No cell of this matrix matches the filters' in html

@@ -13,6 +13,7 @@ plots and the HTML page are linked; `write(rows, out)` alone gives the plain tab
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +163,9 @@ def render(rows: Sequence[Row], title: str = "Compatibility", extras: Extras = N
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
         by_matrix.setdefault(row["matrix"], []).append(row)
-    for matrix, group in by_matrix.items():
+    # The matrix just run leads: the most recently finished first.
+    latest = {m: max(str(r.get("finished_at") or "") for r in group) for m, group in by_matrix.items()}
+    for matrix, group in sorted(by_matrix.items(), key=lambda item: latest[item[0]], reverse=True):
         out.append(_matrix_section(matrix, group, extras))
     return "\n".join(part for part in out if part)
 
@@ -202,7 +205,14 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
     for mode in modes[1:]:
         header += [text(f"{mode} / {modes[0]}: {headline_heading(engine, mode, envs.values(), modes[0])}")]
         header += [text(f"{mode} / {modes[0]}: every other figure")]
-    lines = [f"## {code(matrix)}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    kinds = Counter(str(r["verdict"] or "").partition(":")[0] for r in rows)
+    counts = ", ".join(f"{n} {text(kind)}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    lines = [
+        f"## {code(matrix)}\n",
+        f"{len(rows)} cell(s) of this matrix: {counts}.\n",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     for cells in sorted(envs.values(), key=lambda cells: [version_key(_axis_value(cells, a)) for a in axes]):
         any_row = next(iter(cells.values()))
         line = [_axis(any_row, a) for a in axes]

@@ -283,6 +283,8 @@ def render_html(
         _matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions)
         for matrix, group in by_matrix.items()
     ]
+    # The matrix just run leads: the most recently finished first, each with counts of its own.
+    sections.sort(key=lambda s: s["finished"], reverse=True)
     counts = {kind: sum(1 for r in rows if _kind(r) == kind) for kind in VERDICT_KINDS}
     return (
         _html_environment()
@@ -348,6 +350,8 @@ def _matrix_view(matrix: str, rows: list[Row], plots: Sequence[Plot], regression
         "axis_values": {a: sorted({str(r["axes"].get(a)) for r in rows}, key=version_key) for a in axes},
         "modes": modes,
         "verdicts": [k for k in VERDICT_KINDS if any(_kind(r) == k for r in rows)],
+        "counts": {k: n for k in VERDICT_KINDS if (n := sum(1 for r in rows if _kind(r) == k))},
+        "finished": max((str(r.get("finished_at") or "") for r in rows), default=""),
         "concurrencies": concurrencies,
         "ttft_levels": sorted({c for r in rows for c in ttft_ms(r)}),
         "second_mode": modes[1] if len(modes) > 1 else None,

@@ -90,6 +90,9 @@
       });
       shown.value = count + " of " + rows.length + " cells";
       shown.setAttribute("data-shown", String(count));
+      // A filter that matches nothing in this matrix says so, instead of an empty table.
+      var none = section.querySelector("p.no-match");
+      if (none) none.hidden = count > 0 || rows.length === 0;
       return active;
     }
 
