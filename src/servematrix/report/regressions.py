@@ -297,71 +297,60 @@ def detect_regressions(
             continue
         if _kind(before) != "pass" or _kind(after) != "pass":
             continue
-        old, new = _reference_spreads(reference), spreads(row.get("metrics"))
-        for concurrency in sorted(set(old) & set(new)):
-            a, b = old[concurrency], new[concurrency]
-            if a["median"] <= 0:
-                continue
-            drop = 1 - b["median"] / a["median"]
-            threshold = max(_noise(a), _noise(b), min_drop)
-            apart = b["max"] < a["min"] * (1 - margin)
-            if drop > threshold or apart:
-                why = (
-                    f"output tok/s @{concurrency} {a['median']:,.1f} -> {b['median']:,.1f} "
-                    f"(-{drop:.0%}; noise threshold {threshold:.0%}"
-                    + (f"; new max {b['max']:,.1f} < old min {a['min']:,.1f} - {margin:.0%}" if apart else "")
-                    + ")"
-                )
-                found.append(
-                    Regression(
-                        **common,
-                        kind="throughput",
-                        before=f"{a['median']:.1f}",
-                        after=f"{b['median']:.1f}",
-                        concurrency=concurrency,
-                        drop=round(drop, 4),
-                        threshold=round(threshold, 4),
-                        reason=why,
-                    )
-                )
-        found += _ttft_regressions(common, _reference_spreads(reference, "ttft_s"), ttft_spreads(row.get("metrics")),
-                                   min_drop=min_drop, margin=margin)  # fmt: skip
+        limits = {"min_drop": min_drop, "margin": margin}
+        found += _drops(common, _reference_spreads(reference), spreads(row.get("metrics")), kind="throughput", **limits)
+        found += _drops(common, _reference_spreads(reference, "ttft_s"), ttft_spreads(row.get("metrics")), kind="ttft",
+                        **limits)  # fmt: skip
     return found
 
 
-def _ttft_regressions(
+def _drops(
     common: Mapping[str, Any],
     old: Mapping[int, Mapping[str, float]],
     new: Mapping[int, Mapping[str, float]],
     *,
+    kind: str,
     min_drop: float,
     margin: float,
 ) -> list[Regression]:
-    """A prefill profile whose time to first token rose beyond the noise its repeats measured: the same
-    rule as for throughput, with the time inverted (a 1.25x longer TTFT is a 20 % drop in 1/TTFT)."""
+    """Each level whose figure got worse beyond the noise its repeats measured: its median fell by more than
+    the larger of `min_drop` and either run's spread, or its best repeat fell `margin` below the old worst. A
+    time (kind "ttft", the prefill profile's) is compared inverted: a 1.25x longer TTFT is a 20 % drop."""
+    time = kind == "ttft"
     found = []
     for concurrency in sorted(set(old) & set(new)):
         a, b = old[concurrency], new[concurrency]
-        if b["median"] <= 0:
+        if (b if time else a)["median"] <= 0:
             continue
-        drop = 1 - a["median"] / b["median"]
+        drop = 1 - (a["median"] / b["median"] if time else b["median"] / a["median"])
         threshold = max(_noise(a), _noise(b), min_drop)
-        apart = b["min"] * (1 - margin) > a["max"]
-        if drop > threshold or apart:
+        apart = b["min"] * (1 - margin) > a["max"] if time else b["max"] < a["min"] * (1 - margin)
+        if not (drop > threshold or apart):
+            continue
+        if time:
+            before, after = f"{a['median'] * 1000:.1f} ms", f"{b['median'] * 1000:.1f} ms"
             why = (
                 f"TTFT @{concurrency} {a['median'] * 1000:,.1f} -> {b['median'] * 1000:,.1f} ms "
                 f"(-{drop:.0%} in 1/TTFT; noise threshold {threshold:.0%})"
             )
-            found.append(
-                Regression(
-                    **common,
-                    kind="ttft",
-                    before=f"{a['median'] * 1000:.1f} ms",
-                    after=f"{b['median'] * 1000:.1f} ms",
-                    concurrency=concurrency,
-                    drop=round(drop, 4),
-                    threshold=round(threshold, 4),
-                    reason=why,
-                )
+        else:
+            before, after = f"{a['median']:.1f}", f"{b['median']:.1f}"
+            why = (
+                f"output tok/s @{concurrency} {a['median']:,.1f} -> {b['median']:,.1f} "
+                f"(-{drop:.0%}; noise threshold {threshold:.0%}"
+                + (f"; new max {b['max']:,.1f} < old min {a['min']:,.1f} - {margin:.0%}" if apart else "")
+                + ")"
             )
+        found.append(
+            Regression(
+                **common,
+                kind=kind,
+                before=before,
+                after=after,
+                concurrency=concurrency,
+                drop=round(drop, 4),
+                threshold=round(threshold, 4),
+                reason=why,
+            )
+        )
     return found

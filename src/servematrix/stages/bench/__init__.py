@@ -40,7 +40,7 @@ from servematrix.stages.bench.ceiling import fake_server, measure_ceiling
 from servematrix.stages.bench.compare import METRICS, PHASE_METRICS, Metric, ModeComparison, Speedup, compare, speedup
 from servematrix.stages.bench.cpus import CpuSplit, split_cpus
 from servematrix.stages.bench.pool import Batch, ClientPool, cell_budget
-from servematrix.stages.bench.run import run_workload, run_workload_sync
+from servematrix.stages.bench.run import run_workload_sync
 from servematrix.stages.bench.smoke import SMOKE_MAX_TOKENS, SMOKE_PROMPT, SmokeResult, smoke_check, smoke_check_sync
 from servematrix.stages.bench.stats import (
     CLIENT_BOUND_FRACTION,
@@ -90,7 +90,6 @@ __all__ = [
     "percentile",
     "pool_starts",
     "request_body",
-    "run_workload",
     "run_workload_sync",
     "smoke_check",
     "smoke_check_sync",

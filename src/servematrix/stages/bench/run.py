@@ -1,6 +1,5 @@
 """A workload run against a server, level by level, each level sized to last at least ``min_level_s``."""
 
-import asyncio
 import math
 import sys
 import time
@@ -125,15 +124,3 @@ def run_workload_sync(
         },
         client_ceiling=ceiling,
     )
-
-
-async def run_workload(
-    base_url: str,
-    model: str,
-    workload: Workload,
-    *,
-    progress: Callable[[str], None] | None = None,
-    ceiling: Ceiling | None = None,
-) -> BenchReport:
-    """:func:`run_workload_sync` for async callers (the work happens in worker processes)."""
-    return await asyncio.to_thread(run_workload_sync, base_url, model, workload, progress=progress, ceiling=ceiling)
