@@ -295,6 +295,7 @@ class _CellRun:
     state: _EnvState
     cell: Cell
     prediction: Verdict | None = None  # the CPU pre-flights' verdict, checked by serving the cell
+    probed: tuple[str, ...] = ()  # what the pre-flights that passed found (evidence)
     extra: dict[str, Any] = field(default_factory=dict)  # fields its row takes besides the verdict's
 
 
@@ -609,7 +610,7 @@ class _Runner:
     def _preflights(self, run: _CellRun) -> Verdict | None:
         if not self._wants("probe"):
             return None
-        run.prediction = self._probe(run.state, run.cell)
+        run.prediction, run.probed = self._probe(run.state, run.cell)
         if run.prediction is not None and run.prediction.kind == "fail":
             return run.prediction  # observed in the wheel: 0 GPU-seconds
         return None
@@ -620,8 +621,12 @@ class _Runner:
         if gpu_ready(state.env) and not (run.prediction is not None and self.options.trust_probe):
             return None
         kind = state.env.gpu
+        # What the pre-flights found and let pass comes first: it is why a cell was not ruled out here.
         skipped = Verdict(
-            kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=state.notes
+            kind="skipped",
+            detail="no-gpu",
+            excerpt=f"needs {kind.count}x {kind.arch}",
+            evidence=(*run.probed, *state.notes),
         )
         return run.prediction or skipped
 
@@ -636,9 +641,12 @@ class _Runner:
 
     CELL_STAGES = (_applicable, _reused, _environment, _preflights, _gpus_here, _serving_asked, _serving)
 
-    def _probe(self, state: _EnvState, cell: Cell) -> Verdict | None:
+    def _probe(self, state: _EnvState, cell: Cell) -> tuple[Verdict | None, tuple[str, ...]]:
         """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,
-        an untraceable FP4 path predicts one) ends the cell. One that cannot run here predicts nothing."""
+        an untraceable FP4 path predicts one) ends the cell. One that cannot run here predicts nothing. A
+        pre-flight that passes with evidence (a `pass` verdict: "the FP4 path traces") adds it to what the
+        cell shows; the evidence of those is returned beside the verdict."""
+        passed: list[str] = []
         engine = self.plan.spec.engine
         preflight = PreflightInput(
             cell=cell,
@@ -657,11 +665,13 @@ class _Runner:
                 except PreflightUnavailable as exc:
                     self._say_unavailable(name, cell, str(exc))
                     continue
-                if result is not None:
-                    return result
+                if result is not None and result.kind == "pass":
+                    passed += result.evidence
+                elif result is not None:
+                    return result, tuple(passed)
         finally:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
-        return None
+        return None, tuple(passed)
 
     def _say_unavailable(self, name: str, cell: Cell, reason: str) -> None:
         """A pre-flight that cannot run, said once per reason: a host without a package index would

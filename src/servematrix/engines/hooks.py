@@ -52,7 +52,9 @@ class PreflightInput:
 
 
 class Preflight(Protocol):
-    """One CPU pre-flight of one cell: a verdict ends the cell (firstresult), `None` lets the next one run."""
+    """One CPU pre-flight of one cell: a verdict ends the cell (firstresult), `None` lets the next one run. A
+    `pass` verdict lets the next one run too, and its evidence is shown with the cell (what was checked and
+    found fine: why the CPU did not rule the cell out)."""
 
     def __call__(self, inp: PreflightInput, /) -> Verdict | None: ...
 

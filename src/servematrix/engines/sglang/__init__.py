@@ -65,8 +65,10 @@ def trace(inp: PreflightInput) -> Verdict | None:
         arch=arch,
         cache_dir=inp.cache_dir,
     )
-    if result is None or result.traceable is not False:
-        return None  # nothing to probe, it traces, or the probe could not decide (the GPU stages will)
+    if result is None or result.traceable is None:
+        return None  # nothing to probe, or the probe could not decide (the GPU stages will)
+    if result.traceable:  # said, so that a cell the probe did not rule out shows why (sm_100 vs sm_120)
+        return Verdict(kind="pass", evidence=(f"{_probed(result)}: traces for sm_{arch}",))
     return untraceable(result)
 
 
