@@ -620,3 +620,15 @@ def test_no_module_reads_the_private_regex_parser():
                 continue
             found += [f"{path.relative_to(SRC)}: {name}" for name in sorted(names & private)]
     assert found == []
+
+
+def test_every_classify_module_is_in_the_digests_of_cached_checks():
+    # classify is a package: its __init__ only re-exports, and the scanner is what decides a class.
+    from servematrix import classify, reuse
+    from servematrix.engines import load_engine
+    from servematrix.stages import importcheck
+
+    modules = set(Path(classify.__file__).parent.glob("*.py"))
+    assert {"scanner.py", "signatures.py", "prefilter.py"} <= {p.name for p in modules}
+    assert modules <= set(importcheck.code_files())
+    assert modules <= set(reuse.check_sources(load_engine("sglang")))

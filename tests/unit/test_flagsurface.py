@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servematrix.engines.sglang import flagsurface
+from servematrix.engines.sglang import flagsurface, wheels
 from servematrix.engines.sglang.flagsurface import (
     FlagSurface,
     FlagSurfaceError,
@@ -209,7 +209,7 @@ def test_flag_surface_rereads_the_wheel_on_a_stale_schema(tmp_path, monkeypatch)
     with zipfile.ZipFile(wheel, "w") as zf:
         for name, text in tree("legacy").items():
             zf.writestr(name, text)
-    monkeypatch.setattr(flagsurface, "_pip_command", lambda: pytest.fail("the cached wheel was not reused"))
+    monkeypatch.setattr(wheels, "_pip_command", lambda: pytest.fail("the cached wheel was not reused"))
     flags = flagsurface.accepted_flags("0.0.1", cache_dir=tmp_path)
     assert "--stale" not in flags and "--model-path" in flags
     assert json.loads(cached.read_text())["schema"] == flagsurface.SCHEMA

@@ -25,7 +25,7 @@ MIN_LITERAL_LEN = 3
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Probe:
+class Probe:
     pattern: re.Pattern[str]
     # One of these must occur in the line (lowercased when ignore_case); empty means "always search".
     literals: tuple[str, ...]
@@ -47,7 +47,7 @@ class Prefilter:
         self._folded = tuple(sorted({lit for p in probes if p.ignore_case for lit in p.literals}))
         self._always = any(not p.literals for p in probes)
 
-    def hits(self, line: str) -> list[_Probe]:
+    def hits(self, line: str) -> list[Probe]:
         """The probes whose pattern occurs in line."""
         lowered = line.lower() if self._folded else line
         if (
@@ -64,11 +64,11 @@ class Prefilter:
         ]
 
 
-def _probe(pattern: re.Pattern[str], signature: str, evidence: str | None) -> _Probe:
+def _probe(pattern: re.Pattern[str], signature: str, evidence: str | None) -> Probe:
     literals, ignore_case = required_literals(pattern)
     if literals is None or min(map(len, literals)) < MIN_LITERAL_LEN:
-        return _Probe(pattern=pattern, literals=(), ignore_case=False, signature=signature, evidence=evidence)
-    return _Probe(
+        return Probe(pattern=pattern, literals=(), ignore_case=False, signature=signature, evidence=evidence)
+    return Probe(
         pattern=pattern,
         literals=tuple(sorted(literals)),
         ignore_case=ignore_case,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from servematrix.classify.lines import LINE_SCAN_MAX, LineSplitter, printable
+from servematrix.classify.prefilter import Probe
 from servematrix.classify.signatures import IMPORT_CONFLICT, PLACEHOLDER, Signature, Signatures, load_signatures
 from servematrix.errors import InputError, Location
 from servematrix.redact import redact
@@ -191,7 +192,7 @@ class LogScanner:
         self._fatal_reported = True
         return self._match(fatal)
 
-    def _fill_evidence(self, probe: Any, text: str) -> None:
+    def _fill_evidence(self, probe: Probe, text: str) -> None:
         """An evidence label with placeholders, filled from its first matching line."""
         signature = self.signatures.get(probe.signature)
         evidence = next((e for e in signature.evidence if e.label == probe.evidence), None) if signature else None

@@ -60,15 +60,20 @@ def find_python(version: str) -> str | None:
     return None
 
 
-@functools.cache
-def code_version() -> str:
-    """The check's own code (this module, the failure classifier it reads import failures with): a cached
-    result of other code is not this check's result."""
+def code_files() -> tuple[Path, ...]:
+    """The check's own code: this module and the failure classifier it reads import failures with (every
+    module of the classify package, not only its re-exporting __init__)."""
     from servematrix import classify, tracebacks
 
+    return (Path(__file__), *sorted(Path(classify.__file__).parent.glob("*.py")), Path(tracebacks.__file__))
+
+
+@functools.cache
+def code_version() -> str:
+    """A digest of `code_files`: a cached result of other code is not this check's result."""
     digest = hashlib.sha256()
-    for module in (__file__, classify.__file__, tracebacks.__file__):
-        digest.update(Path(module).read_bytes())
+    for path in code_files():
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
