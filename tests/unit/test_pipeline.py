@@ -17,6 +17,7 @@ from servematrix.engines.hooks import PreflightUnavailable
 from servematrix.pipeline import RunOptions, run_plan
 from servematrix.plan import make_plan
 from servematrix.store import Store
+from servematrix.verdict import Verdict
 from tests.fakes import toy_engine
 from tests.fakes.fake_backend import FakeBackend
 from tests.unit.test_engine_plugins import TOY_ENGINES, TOY_MATRIX
@@ -140,3 +141,24 @@ def test_a_mode_that_changes_prefill_makes_every_cell_run_the_prefill_profile(mo
         assert prefill["workload"]["output_len"] == 1
         assert [lv["concurrency"] for lv in prefill["levels"]] == [1, 2]
         assert all(run["ttft"]["mean"] > 0 and run["input_tok_s"] > 0 for lv in prefill["levels"] for run in lv["runs"])
+
+
+def test_what_a_passing_preflight_found_stands_in_the_skipped_cells_evidence(toy, monkeypatch, tmp_path):
+    # A pre-flight that passes with evidence (the FP4 trace probe's "traces for sm_100") lets the cell go on,
+    # and a host without the GPUs shows it: the reason the CPU did not rule the cell out.
+    monkeypatch.setattr(hostinfo, "host", lambda: hostinfo.Host(hostname="h", cpu="c", cpus=2, os="Linux", gpus=()))
+
+    def looked(inp):
+        return toy_engine.context_limit(inp) or Verdict(kind="pass", evidence=(f"context: fine for {inp.cell.mode}",))
+
+    monkeypatch.setitem(toy_engine.PREFLIGHTS, "context-limit", looked)
+    gpu_matrix = TOY_MATRIX.replace('gpu = ["cpu"]', 'gpu = ["b200"]').replace(
+        '[gpu.cpu]\narch = "cpu"\ncount = 0', '[gpu.b200]\narch = "sm_100"\ncount = 8'
+    )
+    verdicts, _ = toy(gpu_matrix)
+    assert verdicts[("1.4", "long")] == "fail:context-too-long"  # a failure still ends the cell
+    with Store(tmp_path / "s.sqlite") as store:
+        rows = {(r["axes"]["toyserve"], r["mode"]): r for r in store.latest()}
+    assert rows[("2.1", "long")]["verdict"] == "skipped:no-gpu"
+    assert rows[("2.1", "long")]["evidence"][0] == "context: fine for long"
+    assert rows[("1.4", "short")]["evidence"][0] == "context: fine for short"

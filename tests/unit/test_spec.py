@@ -162,6 +162,22 @@ def test_a_duplicate_on_its_own_line_points_at_that_line(write_matrix):
         ("[bench]", "[server]\nready_timeout_s = nan\n[bench]", "server.ready_timeout_s"),
         ("[bench]", "[server]\nready_timeout_s = -5\n[bench]", "server.ready_timeout_s"),
         ("prompts_per_concurrency = 2", "prompts_per_concurrency = 2\ntemperature = inf", "bench.temperature"),
+        # Limits up front (issue 24): a typo of a size fails at its line, not after the server started.
+        ("prompts_per_concurrency = 2", "prompts_per_concurrency = 1000000000", "bench.prompts_per_concurrency"),
+        ("input_len = 8", "input_len = 1000000000", "bench.input_len"),
+        ("concurrency = [1]", "concurrency = [1, 100000]", "bench.concurrency[1]"),
+        ("prompts_per_concurrency = 2", "prompts_per_concurrency = 2\nrepeats = 1000", "bench.repeats"),
+        ("prompts_per_concurrency = 2", "prompts_per_concurrency = 2\nwarmup = 99999999", "bench.warmup"),
+        (
+            "prompts_per_concurrency = 2",
+            "prompts_per_concurrency = 2\n[bench.prefill]\ninput_len = 9999999",
+            "bench.prefill.input_len",
+        ),
+        (
+            "prompts_per_concurrency = 2",
+            "prompts_per_concurrency = 2\n[bench.prefill]\nconcurrency = [2, 2]",
+            "bench.prefill.concurrency[1]",
+        ),
     ],
 )
 def test_bench_numbers_are_positive_and_timeouts_finite(write_matrix, old, new, key):
