@@ -78,9 +78,10 @@ def _say(line: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from servematrix.backends.registry import select_backend
-    from servematrix.pipeline import RunOptions, builds_here, preamble, run_plan
+    from servematrix.pipeline import run_plan
     from servematrix.plan import make_plan
     from servematrix.reuse import PUBLISHED
+    from servematrix.runplan import RunOptions, builds_here, preamble
 
     stages, store = args.stages, args.store or DEFAULT_STORE
     plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
@@ -247,8 +248,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def no_store_yet(store: Path) -> str:
     """Why `report` has nothing to report yet, and the two ways to get something: run, or the published results."""
-    from servematrix.pipeline import CPU_SMOKE
     from servematrix.report.site import HTML_NAME
+    from servematrix.runplan import CPU_SMOKE
 
     return (
         f"{store}: no such store: nothing has run here yet. Run a matrix first (`{command_hint('run', CPU_SMOKE)}` "

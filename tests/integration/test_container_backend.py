@@ -25,9 +25,10 @@ from servematrix.backends.container import ContainerBackend, image_size, targets
 from servematrix.cells import requirements
 from servematrix.locking import lock_plan
 from servematrix.models import builder_script
-from servematrix.pipeline import RunOptions, run_plan
+from servematrix.pipeline import run_plan
 from servematrix.plan import Plan, make_plan
 from servematrix.report.rows import tok_s
+from servematrix.runplan import RunOptions
 from servematrix.store import Store
 from servematrix.tinymodel import is_built
 from tests.conftest import MATRIX

@@ -15,8 +15,9 @@ from rich.console import Console
 from servematrix.engines import ENGINES_PATH_ENV, ImportCheckSpec, load_engine
 from servematrix.lockfile import render_header
 from servematrix.locking import resolve_request
-from servematrix.pipeline import RunOptions, run_plan
+from servematrix.pipeline import run_plan
 from servematrix.plan import make_plan
+from servematrix.runplan import RunOptions
 from servematrix.stages import importcheck
 from servematrix.stages.importcheck import check_all, import_check
 from servematrix.stages.resolve import lock_header

@@ -23,7 +23,8 @@ CHILD = """
 import io, json, os, sys, time
 from pathlib import Path
 from rich.console import Console
-from servematrix.pipeline import RunOptions, run_plan
+from servematrix.runplan import RunOptions
+from servematrix.pipeline import run_plan
 from servematrix.plan import make_plan
 from tests.fakes.fake_backend import FakeBackend
 

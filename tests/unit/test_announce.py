@@ -9,8 +9,8 @@ import json
 import pytest
 
 from servematrix import hostinfo
-from servematrix.pipeline import RunOptions, cell_stages, inputs_hash, planned_work, preamble
 from servematrix.plan import make_plan
+from servematrix.runplan import RunOptions, cell_stages, inputs_hash, planned_work, preamble
 from servematrix.store import Store
 from tests.conftest import MATRIX, SMALL_SGLANG
 

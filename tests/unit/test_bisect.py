@@ -28,8 +28,8 @@ from servematrix.bisection.releases import Release, between, fetch_releases, rel
 from servematrix.bisection.runner import Bisection, Undecided, bisect, record_note
 from servematrix.bisection.search import max_steps, search
 from servematrix.errors import InputError
-from servematrix.pipeline import Summary, inputs_hash
 from servematrix.plan import plan_spec
+from servematrix.runplan import Summary, inputs_hash
 from servematrix.spec import load_spec
 from servematrix.stages.importcheck import ImportCheck
 from servematrix.store import Store

@@ -18,8 +18,9 @@ from servematrix.cli import main
 from servematrix.engines import ENGINES_PATH_ENV, available_engines, load_engine
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
-from servematrix.pipeline import RunOptions, run_plan
+from servematrix.pipeline import run_plan
 from servematrix.plan import make_plan
+from servematrix.runplan import RunOptions
 from servematrix.store import Store
 from tests.fakes.fake_backend import FakeBackend
 

@@ -14,8 +14,9 @@ from rich.console import Console
 from servematrix import hostinfo
 from servematrix.engines import ENGINES_PATH_ENV
 from servematrix.engines.hooks import PreflightUnavailable
-from servematrix.pipeline import RunOptions, run_plan
+from servematrix.pipeline import run_plan
 from servematrix.plan import make_plan
+from servematrix.runplan import RunOptions
 from servematrix.store import Store
 from servematrix.verdict import Verdict
 from tests.fakes import toy_engine

@@ -11,8 +11,9 @@ from rich.console import Console
 
 from servematrix import ports
 from servematrix.errors import InputError
-from servematrix.pipeline import RunOptions, run_plan
+from servematrix.pipeline import run_plan
 from servematrix.plan import make_plan
+from servematrix.runplan import RunOptions
 from servematrix.store import Store
 from tests.fakes.fake_backend import MATRIX, FakeBackend
 

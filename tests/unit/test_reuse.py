@@ -17,10 +17,11 @@ from servematrix import reuse
 from servematrix.engines import ENGINES_PATH_ENV, load_engine
 from servematrix.lockfile import render_header
 from servematrix.locking import resolve_request
-from servematrix.pipeline import RunOptions, preamble, run_plan
+from servematrix.pipeline import run_plan
 from servematrix.plan import make_plan
 from servematrix.report.publish import merge_published, store_rows
 from servematrix.report.regressions import export_results, load_export, write_export
+from servematrix.runplan import RunOptions, preamble
 from servematrix.stages.resolve import lock_header
 from tests.fakes.fake_backend import FakeBackend
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from servematrix import hostinfo
-from servematrix.pipeline import RunOptions, builds_here, preamble
 from servematrix.plan import make_plan
+from servematrix.runplan import RunOptions, builds_here, preamble
 from tests.conftest import MATRIX, SMALL_SGLANG
 
 

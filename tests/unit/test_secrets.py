@@ -12,9 +12,10 @@ import pytest
 from rich.console import Console
 
 from servematrix.cli import main
-from servematrix.pipeline import RunOptions, run_plan
+from servematrix.pipeline import run_plan
 from servematrix.plan import make_plan
 from servematrix.redact import secret_variable
+from servematrix.runplan import RunOptions
 from servematrix.store import Store
 from tests.conftest import SMALL_SGLANG
 from tests.fakes.fake_backend import MATRIX, FakeBackend

@@ -32,11 +32,12 @@ from servematrix.engines.hooks import GENERIC_PREFLIGHTS, PreflightInput
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.locking import resolve_request
-from servematrix.pipeline import RunOptions, cell_row, gpu_ready, inputs_hash, run_plan
+from servematrix.pipeline import cell_row, run_plan
 from servematrix.plan import Plan, plan_spec
 from servematrix.redact import spec_secret_flags
 from servematrix.report.markdown import last_line
 from servematrix.report.regressions import scrub_host_paths
+from servematrix.runplan import RunOptions, gpu_ready, inputs_hash
 from servematrix.spec import PACKAGE_NAME, Spec
 from servematrix.stages import STAGES, importcheck
 from servematrix.stages.resolve import resolve

@@ -29,8 +29,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from servematrix.bisection.releases import between, check_ends, default_index, fetch_releases
     from servematrix.bisection.runner import Undecided, bisect, record_note
     from servematrix.engines.plugins import hooks_of
-    from servematrix.pipeline import builds_here
     from servematrix.plan import Plan
+    from servematrix.runplan import builds_here
     from servematrix.spec import load_spec
 
     store = args.store or DEFAULT_STORE
