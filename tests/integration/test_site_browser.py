@@ -75,6 +75,8 @@ class _Dom(HTMLParser):
         self.rows: list[dict[str, str | None]] = []
         self.shown: list[str | None] = []
         self.no_match: list[bool] = []  # per matrix: is its "no cell matches the filters" line shown
+        self.matrix_totals: list[str | None] = []  # per matrix, in page order: its own count of cells
+        self.sections: list[str | None] = []  # the matrices, in page order
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = dict(attrs)
@@ -86,6 +88,10 @@ class _Dom(HTMLParser):
             self.shown.append(values.get("data-shown"))
         elif tag == "p" and "no-match" in (values.get("class") or ""):
             self.no_match.append("hidden" not in values)
+        elif tag == "p" and "matrix-counts" in (values.get("class") or ""):
+            self.matrix_totals.append(values.get("data-matrix-total"))
+        elif tag == "section" and "data-matrix" in values:
+            self.sections.append(values.get("data-matrix"))
 
 
 def dom_after_script(browser: str, profile: Path, page: Path, query: str) -> _Dom:
@@ -175,3 +181,27 @@ def test_page_from_a_real_run_renders_and_filters_in_chromium(smoke_project: Pat
     # A filter that matches nothing says so in one line instead of an empty table (issue 27); it is hidden
     # while cells show.
     assert failed.no_match == [True] and everything.no_match == [False] and by_mode.no_match == [False]
+
+
+def test_a_report_of_two_matrices_counts_each_and_explains_an_empty_heatmap(tmp_path: Path):
+    # Issue 27: the report of two matrices, one measured, one only pre-flighted on a CPU (every cell skipped:
+    # no GPU), in Chromium. Each matrix has counts of its own, the one run last leads, and the heatmap that
+    # holds no number says why.
+    from servematrix.store import Row
+    from tests.unit.test_site import sglang_rows
+
+    measured = [Row(values={**r.values, "finished_at": "2026-06-01T00:00:00+00:00"}) for r in sglang_rows()]
+    cpu_only = [
+        Row(values={**r.values, "cell_id": f"p{i}", "env_id": f"p-{r['env_id']}", "matrix": "matrix/preflight.toml",
+                    "verdict": "skipped:no-gpu", "metrics": None, "finished_at": "2026-07-01T00:00:00+00:00"})
+        for i, r in enumerate(sglang_rows())
+    ]  # fmt: skip
+    result = build_report([*measured, *cpu_only], tmp_path / "site", baseline=None, write_record=False)
+    dom = dom_after_script(chromium(), tmp_path / "profile", result.html, "")
+    assert dom.sections == ["matrix/preflight.toml", "matrix/synthetic-sglang.toml"]  # the newest first
+    assert dom.matrix_totals == [str(len(cpu_only)), str(len(measured))]
+    assert dom.shown == [str(len(cpu_only)), str(len(measured))]
+    (empty,) = [p for p in result.plots if p.name == "preflight-speedup.svg"]
+    assert "no square holds a measured speedup" in empty.read_text()
+    (full,) = [p for p in result.plots if p.name == "synthetic-sglang-speedup.svg"]
+    assert "no square holds a measured speedup" not in full.read_text()
