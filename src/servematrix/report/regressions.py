@@ -196,7 +196,7 @@ def _trim_metrics(metrics: Mapping[str, Any] | None, root: Path) -> dict[str, An
         }
         for level in metrics.get("levels", [])
     ]
-    for profile in bench.PROFILES:
+    for profile in bench.NESTED_PROFILES:  # the decode profile is the record itself
         nested = metrics.get(profile)
         if isinstance(nested, Mapping):
             trimmed[profile] = _trim_metrics(nested, root)

@@ -54,13 +54,22 @@ from servematrix.stages.bench.stats import (
     percentile,
     pool_starts,
 )
-from servematrix.stages.bench.workload import APIS, PROFILES, Workload, endpoint, make_prompt, request_body
+from servematrix.stages.bench.workload import (
+    APIS,
+    NESTED_PROFILES,
+    PROFILES,
+    Workload,
+    endpoint,
+    make_prompt,
+    request_body,
+)
 from servematrix.stages.bench_worker import RequestResult
 
 __all__ = [
     "APIS",
     "CLIENT_BOUND_FRACTION",
     "METRICS",
+    "NESTED_PROFILES",
     "PHASE_METRICS",
     "PROFILES",
     "SMOKE_MAX_TOKENS",

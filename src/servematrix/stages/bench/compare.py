@@ -227,13 +227,6 @@ class ModeComparison:
         """Every figure but the headline: the phase's other metrics and levels, then the decode figures."""
         return tuple(s for s in (*self.judged, *self.decode) if s is not self.headline)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "judged": [s.to_dict() for s in self.judged],
-            "decode": [s.to_dict() for s in self.decode],
-        }
-
 
 def _speedups(baseline: ReportLike, treatment: ReportLike, metric: str) -> tuple[Speedup, ...]:
     profile = METRICS[metric].profile
