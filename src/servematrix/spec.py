@@ -108,7 +108,8 @@ class BenchSpec(_Strict):
     prompts_per_concurrency: int = Field(gt=0, le=100_000)
     warmup: int = Field(default=2, ge=0, le=10_000)
     repeats: int = Field(default=1, ge=1, le=100)
-    api: Literal["chat", "completions"] = "chat"
+    # chat or completions (OpenAI), or generate (sglang's native /generate): one the engine lists in `bench_apis`.
+    api: Literal["chat", "completions", "generate"] = "chat"
     temperature: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     # Each repeat lasts at least this long at the throughput measured in the warmup (0: prompts_per_concurrency).
     min_level_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
@@ -192,7 +193,7 @@ def load_spec(path: Path | str) -> Spec:
     _check_names(source, file)
     engine = _engine(source, file)
     _check_axes(source, file, engine)
-    _check_bench(source, file)
+    _check_bench(source, file, engine)
     _check_arguments(source, file)
     exclude = tuple(_rule(source, ("exclude", i), r, file, engine) for i, r in enumerate(file.exclude))
     include = tuple(_rule(source, ("include", i), r, file, engine) for i, r in enumerate(file.include))
@@ -217,7 +218,12 @@ def _check_names(source: TomlSource, file: SpecFile) -> None:
             raise source.error(where, f"{name!r} is not a valid {what}: use {NAME_RULE}")
 
 
-def _check_bench(source: TomlSource, file: SpecFile) -> None:
+def _check_bench(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    if file.bench.api not in engine.bench_apis:
+        raise source.error(
+            ("bench", "api"),
+            f"engine {engine.name} does not serve the {file.bench.api!r} API; use one of {list(engine.bench_apis)}",
+        )
     for where, levels in ((("bench",), file.bench.concurrency), (("bench", "prefill"), file.bench.prefill.concurrency)):
         seen: dict[int, int] = {}
         for index, level in enumerate(levels):

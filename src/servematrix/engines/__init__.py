@@ -157,6 +157,9 @@ class Engine(DataTable):
     # The OpenAI API's `ignore_eos` extra: every request then makes exactly output_len tokens. transformers
     # serve refuses unknown fields (422), so it is the engine's to say.
     supports_ignore_eos: bool = False
+    # The streaming APIs its server answers, of those the bench speaks (`stages/bench/workload.py` APIS): a
+    # matrix's `[bench] api` must be one of them.
+    bench_apis: tuple[Literal["chat", "completions", "generate"], ...] = ("chat", "completions")
     derived_ports: tuple[DerivedPorts, ...] = ()
     mode_evidence: tuple[ModeEvidence, ...] = ()
     # Flags whose value is a credential: masked as `***` in every stored, printed or published argv.

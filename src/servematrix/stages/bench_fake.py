@@ -5,7 +5,9 @@ which measures the benchmark client's ceiling against it on the host that runs t
 package so that a wheel install can start it (``python -m servematrix.stages.bench_fake``).
 
 It speaks just enough HTTP/1.1 (keep-alive, chunked transfer encoding) to serve ``/v1/chat/completions`` and
-``/v1/completions`` with ``stream: true`` in the OpenAI SSE format, plus ``/health`` and ``/v1/models``.
+``/v1/completions`` with ``stream: true`` in the OpenAI SSE format, SGLang's native ``/generate`` in its own
+stream format (cumulative ``text``, ``meta_info`` with the counts; see :func:`_stream_generate`), plus
+``/health`` and ``/v1/models``.
 Everything it sends is recorded, so tests can compare the client's counts with what the server reported.
 
 Use it in-process (``with FakeOpenAIServer(FakeBehavior(...)) as srv: srv.base_url``; the server runs its own
@@ -95,10 +97,13 @@ class _State:
     max_in_flight: int = 0
 
 
+_APIS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/generate": "generate"}
+
+
 def _prompt_of(body: dict[str, Any]) -> str:
     if "messages" in body:
         return " ".join(str(m.get("content", "")) for m in body["messages"])
-    return str(body.get("prompt", ""))
+    return str(body.get("prompt", body.get("text", "")))
 
 
 def _chunk(
@@ -158,6 +163,8 @@ async def _stream(
     writer: asyncio.StreamWriter, state: _State, api: str, body: dict, entry: RequestLog, *, drop: bool
 ) -> bool:
     """Stream one completion. Returns False if the connection was dropped on purpose."""
+    if api == "generate":
+        return await _stream_generate(writer, state, body, entry)
     b = state.behavior
     max_tokens = int(body.get("max_tokens") or 16)
     n = b.tokens if b.tokens is not None else max_tokens
@@ -232,6 +239,38 @@ async def _stream(
     return True
 
 
+async def _stream_generate(writer: asyncio.StreamWriter, state: _State, body: dict, entry: RequestLog) -> bool:
+    """Stream one /generate request as sglang 0.5.12 does by default (srt/managers/tokenizer_manager.py,
+    non-incremental streaming): each event holds the whole text so far, its output ids and ``meta_info`` with
+    ``finish_reason`` (null until the last event, then ``{"type": "length", ...}``), ``prompt_tokens`` and
+    ``completion_tokens``; then ``data: [DONE]`` (srt/entrypoints/http_server.py). Of the faults, only the
+    token pacing applies."""
+    b = state.behavior
+    sampling = body.get("sampling_params") or {}
+    max_tokens = int(sampling.get("max_new_tokens") or 16)
+    n = b.tokens if b.tokens is not None else max_tokens
+    entry.completion_tokens = n
+    prompt_tokens = len(entry.prompt.split())
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    if b.first_token_delay_s:
+        await asyncio.sleep(b.first_token_delay_s)
+    for i in range(1, n + 1):
+        finish = None
+        if i == n:
+            finish = {"type": "length", "length": n} if n >= max_tokens else {"type": "stop", "matched": 0}
+        meta = {"id": "fake", "finish_reason": finish, "prompt_tokens": prompt_tokens, "completion_tokens": i}
+        writer.write(_sse({"text": " tok" * i, "output_ids": list(range(i)), "meta_info": meta}))
+        if b.token_delay_s:
+            await writer.drain()
+            await asyncio.sleep(b.token_delay_s)
+        elif i % 8 == 0:
+            await writer.drain()
+            await asyncio.sleep(0)
+    writer.write(_sse("[DONE]") + b"0\r\n\r\n")
+    await writer.drain()
+    return True
+
+
 async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
@@ -248,8 +287,8 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 writer.write(_response(200, {"status": "ok"}))
             elif method == "GET" and path == "/v1/models":
                 writer.write(_response(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]}))
-            elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
-                api = "chat" if path == "/v1/chat/completions" else "completions"
+            elif method == "POST" and path in _APIS:
+                api = _APIS[path]
                 body = json.loads(raw)
                 state.count += 1
                 entry = RequestLog(path=path, body=body, status=200, prompt=_prompt_of(body))

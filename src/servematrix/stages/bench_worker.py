@@ -14,8 +14,9 @@ request), not to the benchmark. This module keeps per-event work to a minimum:
   followed by ``:``, a sequence that cannot occur inside a string value (its quotes are escaped), so the tests
   give the answer ``json.loads`` would give for well-formed chunks (``tests/unit/test_bench_worker.py`` checks
   them against the full parse).
-* Tokens come ONLY from the server's ``usage.completion_tokens`` (the fully parsed last chunks); TTFT is the
-  first content event; ITL the gaps between content events.
+* Tokens come ONLY from the server's ``usage.completion_tokens`` (the fully parsed last chunks; for sglang's
+  ``/generate``, the finished event's ``meta_info.completion_tokens``); TTFT is the first content event; ITL
+  the gaps between content events.
 
 What is left is mostly the event loop's own cost per network read: against a fake server pacing tokens 2 ms
 apart, a protocol that does nothing but wait for the end of each response cost 0.030 s of CPU per batch of
@@ -50,6 +51,9 @@ _NEEDS_PARSE = re.compile(rb'"(?:usage|finish_reason|error)"\s*+:\s*+(?!null)')
 _CONTENT = {
     "chat": re.compile(rb'"(?:content|reasoning_content|reasoning)"\s*+:\s*+"(?!")'),
     "completions": re.compile(rb'"text"\s*+:\s*+"(?!")'),
+    # sglang's /generate streams the whole text so far in `text` (non-incremental, its default): every event
+    # after the first token holds a non-empty one, and each event is one step of the stream.
+    "generate": re.compile(rb'"text"\s*+:\s*+"(?!")'),
 }
 MAX_ERROR_BODY = 300
 # An SSE line longer than this is a protocol error: the server is not streaming tokens (one line per event,
@@ -268,6 +272,9 @@ class _Exchange:
         if obj.get("error"):
             self.stream_error = str(obj["error"])[:MAX_ERROR_BODY]
             return
+        if self.api == "generate":
+            self._parse_generate(obj, now)
+            return
         for choice in obj.get("choices") or ():
             text = _chunk_text(choice, self.api)
             if text:
@@ -278,6 +285,21 @@ class _Exchange:
                 self.finish_reason = choice["finish_reason"]
         if obj.get("usage"):
             self.usage = obj["usage"]
+
+    def _parse_generate(self, obj: dict[str, Any], now: float) -> None:
+        """One event of sglang's /generate: {"text": all so far, "output_ids", "meta_info": {"finish_reason":
+        null or {"type": ...}, "prompt_tokens", "completion_tokens", ...}}; the counts are the server's."""
+        text = obj.get("text")
+        if text:
+            self.content_times.append(now)
+            if self.keep_text:
+                self.parts = [text]  # cumulative: the latest is the whole text
+        meta = obj.get("meta_info") or {}
+        reason = meta.get("finish_reason")
+        if reason:
+            self.finish_reason = str(reason.get("type") if isinstance(reason, dict) else reason)
+            # The usage of a finished request, in the OpenAI shape the rest of the client checks.
+            self.usage = {k: meta.get(k) for k in ("completion_tokens", "prompt_tokens") if k in meta}
 
     # -- endings --------------------------------------------------------------------------------------------
     def _finish(self, now: float) -> None:
@@ -424,6 +446,8 @@ def requested_tokens(body: bytes) -> int | None:
         obj = json.loads(body)
     except ValueError:
         return None
+    if isinstance(obj, dict) and isinstance(obj.get("sampling_params"), dict):  # sglang's /generate
+        obj = {"max_tokens": obj["sampling_params"].get("max_new_tokens")}
     for key in ("max_tokens", "max_completion_tokens"):
         value = obj.get(key) if isinstance(obj, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:

@@ -7,7 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-APIS = ("chat", "completions")
+# The streaming APIs the bench speaks: OpenAI's chat and completions, and "generate", SGLang's native
+# `/generate` (what sglang's own bench_serving uses; an engine's data says which it serves: `bench_apis`).
+APIS = ("chat", "completions", "generate")
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 # The bench's profiles, by the phase of serving each one loads. A mode is compared with the baseline on the
 # figures of the phase it changes (engine data: `phases`): prefill on TTFT and input tok/s, decode on output
 # tok/s. The decode profile's report is the stored record itself (as before profiles existed); another
@@ -111,6 +114,14 @@ def make_prompt(index: int, input_len: int) -> str:
 def request_body(
     model: str, prompt: str, *, api: str, max_tokens: int, temperature: float, ignore_eos: bool = False
 ) -> dict[str, Any]:
+    if api == "generate":
+        # sglang's GenerateReqInput: sampling in `sampling_params`, the model is the server's own (no field);
+        # streamed as cumulative `text` with `meta_info.completion_tokens` (sglang 0.5.12
+        # srt/entrypoints/http_server.py generate_request, srt/managers/tokenizer_manager.py meta_info).
+        sampling: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": temperature}
+        if ignore_eos:
+            sampling["ignore_eos"] = True
+        return {"text": prompt, "sampling_params": sampling, "stream": True}
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -128,7 +139,7 @@ def request_body(
 
 
 def endpoint(base_url: str, api: str) -> str:
-    return base_url.rstrip("/") + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
+    return base_url.rstrip("/") + _PATHS[api]
 
 
 class Prompts:
