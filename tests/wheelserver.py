@@ -39,12 +39,12 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             return super().do_GET()
         data = path.read_bytes()
         start, end = int(match[1]), min(int(match[2]), len(data) - 1)
+        self.server.sent.append(end - start + 1)  # type: ignore[attr-defined]
         self.send_response(206)
         self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
         self.send_header("Content-Length", str(end - start + 1))
         self.end_headers()
         self.wfile.write(data[start : end + 1])
-        self.server.sent.append(end - start + 1)  # type: ignore[attr-defined]
 
 
 class PlainHandler(http.server.SimpleHTTPRequestHandler):

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import io
 import zipfile
+from typing import TYPE_CHECKING
 
 import httpx
 from packaging.utils import canonicalize_name
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 __all__ = ["RemoteWheelError", "wheel_metadata"]
 
@@ -42,15 +46,18 @@ class _RangeFile(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]  # io's own signature
-        end = min(self._pos + len(buffer), self._size)
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._pos + len(view), self._size)
         if end <= self._pos:
             return 0
         response = self._client.get(self._url, headers={"Range": f"bytes={self._pos}-{end - 1}"})
         if response.status_code != httpx.codes.PARTIAL_CONTENT:
             raise RemoteWheelError(f"{self._url}: HTTP {response.status_code} to a Range request")
+        if not response.headers.get("content-range", "").startswith(f"bytes {self._pos}-"):
+            raise RemoteWheelError(f"{self._url}: another range than bytes {self._pos}- came back")
         data = response.content[: end - self._pos]
-        buffer[: len(data)] = data
+        view[: len(data)] = data
         self._pos += len(data)
         return len(data)
 

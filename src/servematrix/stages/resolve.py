@@ -408,14 +408,14 @@ def _fetch_metadata(
     """METADATA of one release wheel: uv picks the wheel (the configured index, uv's cache), and only its
     METADATA is read, by HTTP ranges. Where that cannot be done (a file host that wants uv's credentials, a
     local index), uv installs the bare wheel and the file is read from there."""
-    target = ["--python-version", python_version, "--python-platform", platform, *_interpreter_args()]
-    target += ["--only-binary", ":all:", "--no-deps", "--color", "never", "--quiet"]
-    target += index_args(index_url, extra_index_urls)
+    common = ["--python-version", python_version, "--python-platform", platform, *_interpreter_args()]
+    common += ["--only-binary", ":all:", "--no-deps", "--color", "never", "--quiet"]
+    common += index_args(index_url, extra_index_urls)
     with tempfile.TemporaryDirectory(prefix="servematrix-pins-") as tmp:
         work = _uv_workdir(Path(tmp))
         (work / _REQUIREMENTS_NAME).write_text(f"{name}=={version}\n", encoding="utf-8")
         which = _run_uv(
-            [uv, "pip", "compile", _REQUIREMENTS_NAME, "--format", "pylock.toml", *target],
+            [uv, "pip", "compile", _REQUIREMENTS_NAME, "--format", "pylock.toml", *common],
             cwd=work,
             timeout_s=timeout_s,
         )
@@ -430,7 +430,7 @@ def _fetch_metadata(
                 pass
         # `uv pip install --no-deps --target` of the bare wheel hands back its dist-info, nothing resolved.
         installed = work / "installed"
-        argv = [uv, "pip", "install", "--target", str(installed), *target, f"{name}=={version}"]
+        argv = [uv, "pip", "install", "--target", str(installed), *common, f"{name}=={version}"]
         run = _run_uv(argv, cwd=work, timeout_s=timeout_s)
         if run.returncode != 0:
             status, reason = classify_failure(run.stderr)
