@@ -25,11 +25,7 @@ from servematrix.util import run_captured, uv_env
 ROOT = Path(__file__).resolve().parents[2]
 TARGET_S = 20.0
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def _uv_sequential(requests) -> tuple[float, dict[str, tuple[str, str]]]:
