@@ -35,6 +35,7 @@ from servematrix.lockfile import (
     DEFAULT_PLATFORM,
     DEFAULT_PYTHON_VERSION,
     LOCK_FORMAT,
+    PYPI_INDEX_URL,
     LockHeader,
     index_args,
     marker_environment,
@@ -70,19 +71,21 @@ _OVERRIDES_NAME = "overrides.txt"
 
 _MAX_REASON_LINES = 15
 
-# PyPI's own cache policy, said to uv in the working directory of each of its calls (a uv.toml there is
-# merged with the user's configuration): a simple page read in the last 10 minutes is fresh, a file never
-# changes. pypi.org and its file host send these headers, and uv honours them; a proxy that strips them
-# makes uv fetch every page again in every process, 88 MB of pages for one sglang resolution. With it,
-# the resolutions of one run share one reading of the index through uv's cache. An explicit index is never
-# resolved from: this names a policy, not an index; the indexes a request uses stay on the command line.
+# PyPI's cache policy, said to uv in the working directory of each of its calls (a uv.toml there is merged
+# with the user's configuration): an index page read in the last 10 minutes is fresh and a file never
+# changes. That is what PyPI's own headers say (10 minutes for its pages, as uv's maintainers put it; a
+# file is never re-uploaded), and uv honours them; a proxy that strips the headers (this development
+# machine's does) makes uv fetch every page again in every process, 88 MB of pages for one sglang
+# resolution here. With it, the resolutions of one run share one reading of the index through uv's cache.
+# An explicit index is never resolved from: this names a policy, not an index; the indexes a request uses
+# stay on the command line.
 _UV_CONFIG_NAME = "uv.toml"
-_UV_CONFIG = """\
+_UV_CONFIG = f"""\
 [[index]]
 name = "pypi-cache-policy"
-url = "https://pypi.org/simple"
+url = "{PYPI_INDEX_URL}"
 explicit = true
-cache-control = { api = "max-age=600", files = "max-age=365000000, immutable" }
+cache-control = {{ api = "max-age=600", files = "max-age=365000000, immutable" }}
 """
 
 Status = Literal["resolved", "unresolvable", "error"]
@@ -313,7 +316,7 @@ def _uv_workdir(work: Path) -> Path:
 
 def _interpreter_args() -> list[str]:
     """The interpreter uv would build an sdist with, named: this one. Left to find one itself, every uv
-    process searches the machine (with pyenv shims on PATH that is 0.7 CPU-s, a third of a cold resolution).
+    process searches the machine (with pyenv shims on PATH, 0.7-0.8 CPU-s: 40% of a cold resolution here).
     The target's markers and tags come from --python-version and --python-platform either way."""
     return ["--python", sys.executable] if sys.executable else []
 
