@@ -39,6 +39,8 @@ __all__ = [
 # "unresolvable" for the wrong reason.
 DEFAULT_PLATFORM = "x86_64-manylinux_2_34"
 DEFAULT_PYTHON_VERSION = "3.12"
+# uv's and pip's own default index, the one a lock without an index-url line is made from.
+PYPI_INDEX_URL = "https://pypi.org/simple"
 
 # Bumping this invalidates every cached lock (it is part of the inputs hash).
 LOCK_FORMAT = "1"

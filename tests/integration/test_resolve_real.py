@@ -6,12 +6,14 @@ index or uv changes them, these tests say so.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
 import pytest
 
 from servematrix.lockfile import parse_header
+from servematrix.stages import resolve as resolve_stage
 from servematrix.stages.resolve import ResolveRequest, release_pins, resolve
 
 pytestmark = [
@@ -42,7 +44,7 @@ def lock(locks, pins_cache, env_id, requirements, overrides=(), **kw):
         axes={"sglang": requirements[0].split("==")[1], "flashinfer": overrides[0] if overrides else "pinned"},
         **{k: v for k, v in kw.items() if k in ("python_version", "platform", "index_url")},
     )
-    opts = {k: v for k, v in kw.items() if k in ("offline_first", "timeout_s")}
+    opts = {k: v for k, v in kw.items() if k == "timeout_s"}
     return resolve(req, out_dir=locks, pins_cache_dir=pins_cache, **opts)
 
 
@@ -109,17 +111,9 @@ def test_lock_is_byte_identical_across_output_dirs(tmp_path, pins_cache):
     assert a.lockfile.read_bytes() == b.lockfile.read_bytes()
 
 
-@pytest.mark.parametrize("offline_first", [True, False])
-def test_unreachable_index_is_an_error_not_unresolvable(locks, pins_cache, monkeypatch, offline_first):
+def test_unreachable_index_is_an_error_not_unresolvable(locks, pins_cache, monkeypatch):
     monkeypatch.setenv("UV_HTTP_RETRIES", "0")  # the verdict is the same, only faster
-    out = lock(
-        locks,
-        pins_cache,
-        "unreachable",
-        ["sglang==0.5.9"],
-        index_url=UNREACHABLE_INDEX,
-        offline_first=offline_first,
-    )
+    out = lock(locks, pins_cache, "unreachable", ["sglang==0.5.9"], index_url=UNREACHABLE_INDEX)
     assert out.status == "error", out.reason
     assert "Connection refused" in out.reason
     assert out.lockfile is None
@@ -158,3 +152,39 @@ def test_release_pins_match_domain_table(pins_cache, sglang, torch, flashinfer):
     pins = release_pins("sglang", sglang, cache_dir=pins_cache)
     assert pins["torch"] == torch
     assert pins["flashinfer-python"] == flashinfer
+
+
+def test_a_second_resolution_of_a_run_reads_the_index_from_uvs_cache(tmp_path, pins_cache, monkeypatch):
+    """PyPI's cache policy, said to uv on every call: pages and metadata read moments ago by another
+    resolution are reused, even where a proxy strips the index's own cache headers (as on this machine).
+    The second resolution has no network at all: every connection goes to a closed port."""
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    first = lock(tmp_path / "a", pins_cache, "sglang-0.5.9", ["sglang==0.5.9"])
+    assert first.status == "resolved", first.reason
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")
+    for variable in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(variable, "http://127.0.0.1:9")
+    again = lock(tmp_path / "b", pins_cache, "sglang-0.5.9", ["sglang==0.5.9"])
+    assert again.status == "resolved", again.reason
+    assert again.lockfile.read_bytes() == first.lockfile.read_bytes()
+
+
+def test_release_metadata_read_by_ranges_is_the_installed_wheels(tmp_path, monkeypatch):
+    """The METADATA of sglang 0.5.12 read by HTTP ranges (39 MB wheel, a few hundred kB read) is byte for
+    byte the one in the wheel uv installs."""
+    target = tmp_path / "installed"
+    argv = ["uv", "pip", "install", "--no-deps", "--only-binary", ":all:", "--target", str(target)]
+    argv += ["--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_34", "sglang==0.5.12"]
+    run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"})
+    assert run.returncode == 0, run.stderr
+    installed = (target / "sglang-0.5.12.dist-info" / "METADATA").read_text(encoding="utf-8")
+
+    by_ranges: list[str] = []  # what the range reader returned: proof that the install fallback was not taken
+    real = resolve_stage.wheel_metadata
+    monkeypatch.setattr(
+        resolve_stage, "wheel_metadata", lambda *a, **kw: by_ranges.append(real(*a, **kw)) or by_ranges[-1]
+    )
+    pins = release_pins("sglang", "0.5.12", cache_dir=tmp_path / "pins")
+    assert by_ranges == [installed]
+    assert (tmp_path / "pins" / "sglang-0.5.12.METADATA").read_text(encoding="utf-8") == installed
+    assert pins["flashinfer-python"] == "0.6.11.post1"

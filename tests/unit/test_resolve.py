@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from servematrix.stages.resolve import (
     resolve,
     trim_reason,
 )
+from tests.wheelserver import METADATA, PlainHandler, RangeHandler, make_wheel, serve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "uv"
 
@@ -296,6 +300,61 @@ def test_release_pins_reads_the_cache_without_uv(tmp_path, monkeypatch):
     assert release_pins("SGLang", "0.5.12", cache_dir=tmp_path)["torch"] == "2.11.0"
 
 
+def _pylock(url: str, size: int) -> str:
+    """What `uv pip compile --format pylock.toml --no-deps` prints for one wheel (PEP 751)."""
+    return f"""lock-version = "1.0"
+created-by = "uv"
+[[packages]]
+name = "demo-pkg"
+version = "1.0"
+wheels = [{{ url = "{url}", size = {size}, hashes = {{ sha256 = "00" }} }}]
+"""
+
+
+class PinsUv:
+    """Stands in for uv when release pins are read: prints the pylock.toml of one wheel for `pip compile`,
+    and for `pip install --target` puts that wheel's dist-info where uv would."""
+
+    def __init__(self, pylock: str):
+        self.pylock = pylock
+        self.commands: list[str] = []
+
+    def __call__(self, argv, **kwargs):
+        argv = list(argv)
+        self.commands.append(argv[2])
+        assert (Path(kwargs["cwd"]) / "uv.toml").is_file()
+        if argv[2] == "compile":
+            assert argv[argv.index("--format") + 1] == "pylock.toml" and "--no-deps" in argv
+            return subprocess.CompletedProcess(argv, 0, self.pylock, "")
+        dist_info = Path(argv[argv.index("--target") + 1]) / "demo_pkg-1.0.dist-info"
+        dist_info.mkdir(parents=True)
+        (dist_info / "METADATA").write_text(METADATA)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+@pytest.mark.parametrize(("handler", "commands"), [(RangeHandler, ["compile"]), (PlainHandler, ["compile", "install"])])
+def test_release_metadata_is_read_by_ranges_else_installed(tmp_path, monkeypatch, handler, commands):
+    """uv names the wheel; its METADATA is read by HTTP ranges where the file host allows it, and from the
+    wheel uv installs where it does not. Both give the same file."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    (tmp_path / "www").mkdir()
+    wheel = make_wheel(tmp_path / "www" / "demo_pkg-1.0-py3-none-any.whl")
+    with serve(tmp_path / "www", handler) as (base, _):
+        fake = PinsUv(_pylock(f"{base}/{wheel.name}", wheel.stat().st_size))
+        monkeypatch.setattr(subprocess, "run", fake)
+        pins = release_pins("Demo_Pkg", "1.0", cache_dir=tmp_path / "pins")
+    assert pins == {"torch": "2.11.0"} and fake.commands == commands
+    assert (tmp_path / "pins" / "demo-pkg-1.0.METADATA").read_text() == METADATA
+
+
+def test_release_that_uv_cannot_find_is_unresolvable(tmp_path, monkeypatch):
+    stderr = fixture("no-version.stderr")
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", stderr))
+    with pytest.raises(rs.ReleasePinsError) as caught:
+        release_pins("sglang", "9.9.9", cache_dir=tmp_path)
+    assert caught.value.status == "unresolvable"
+
+
 # ----------------------------------------------------------------------------------------------- resolve
 
 COMPILED = """\
@@ -323,6 +382,7 @@ class FakeUv:
     def __init__(self, *results: tuple[int, str, str]):
         self.results = list(results)
         self.calls: list[list[str]] = []
+        self.configs: list[str] = []
 
     def __call__(self, argv, **kwargs):
         argv = list(argv)
@@ -331,6 +391,7 @@ class FakeUv:
         self.calls.append(argv)
         cwd = Path(kwargs["cwd"])
         assert (cwd / "requirements.in").is_file()  # relative names keep temp paths out of the lock
+        self.configs.append((cwd / "uv.toml").read_text())
         if not self.results:
             raise AssertionError(f"unexpected uv call: {argv}")
         rc, out, err = self.results.pop(0)
@@ -358,12 +419,12 @@ def _resolve(tmp_path, pins_cache, req=None, **kw):
     return resolve(req or request(), out_dir=tmp_path / "locks", pins_cache_dir=pins_cache, **kw)
 
 
-def test_offline_cache_miss_falls_through_to_online(tmp_path, pins_cache, monkeypatch):
-    fake = FakeUv((1, "", fixture("offline-cache-miss.stderr")), (0, COMPILED, "Resolved 3 packages\n"))
+def test_resolved_lock_is_uvs_answer_under_its_header(tmp_path, pins_cache, monkeypatch):
+    fake = FakeUv((0, COMPILED, "Resolved 3 packages\n"))
     monkeypatch.setattr(subprocess, "run", fake)
     out = _resolve(tmp_path, pins_cache)
     assert out.status == "resolved" and not out.cached and out.reason == ""
-    assert ["--offline" in c for c in fake.calls] == [True, False]
+    assert len(fake.calls) == 1
     assert out.pins == {"flashinfer-python": "0.6.12", "sglang": "0.5.12", "torch": "2.11.0"}
     assert out.crossed == CROSSED
     assert out.lockfile == tmp_path / "locks" / "env-0123abcd.lock.txt"
@@ -375,33 +436,20 @@ def test_offline_cache_miss_falls_through_to_online(tmp_path, pins_cache, monkey
     assert [p.name for p in (tmp_path / "locks").iterdir()] == ["env-0123abcd.lock.txt"]  # no temp left
 
 
-def test_offline_conflict_is_not_trusted_either(tmp_path, pins_cache, monkeypatch):
-    # A partial cache can make a conflict out of missing versions: only the online answer counts.
-    fake = FakeUv((1, "", fixture("no-solution-sglang-0.5.9-flashinfer-0.6.12.stderr")), (0, COMPILED, ""))
-    monkeypatch.setattr(subprocess, "run", fake)
-    assert _resolve(tmp_path, pins_cache).status == "resolved"
-    assert len(fake.calls) == 2
-
-
-def test_offline_success_does_not_go_online(tmp_path, pins_cache, monkeypatch):
+def test_uv_is_never_asked_offline(tmp_path, pins_cache, monkeypatch):
+    # From a partial cache an offline resolution can succeed with other versions than the index's answer
+    # (it skips versions whose metadata is not cached): a lock is only ever uv's online answer.
     fake = FakeUv((0, COMPILED, ""))
     monkeypatch.setattr(subprocess, "run", fake)
-    assert _resolve(tmp_path, pins_cache).status == "resolved"
-    assert len(fake.calls) == 1 and "--offline" in fake.calls[0]
-
-
-def test_online_only_when_asked(tmp_path, pins_cache, monkeypatch):
-    fake = FakeUv((0, COMPILED, ""))
-    monkeypatch.setattr(subprocess, "run", fake)
-    _resolve(tmp_path, pins_cache, offline_first=False)
-    assert len(fake.calls) == 1 and "--offline" not in fake.calls[0]
+    _resolve(tmp_path, pins_cache)
+    assert fake.calls and not any("--offline" in call for call in fake.calls)
 
 
 def test_compile_arguments(tmp_path, pins_cache, monkeypatch):
     fake = FakeUv((0, COMPILED, ""))
     monkeypatch.setattr(subprocess, "run", fake)
     req = request(index_url="http://127.0.0.1:9/simple", extra_index_urls=("http://127.0.0.1:8/simple",))
-    _resolve(tmp_path, pins_cache, req, uv="/opt/uv")
+    out = _resolve(tmp_path, pins_cache, req, uv="/opt/uv")
     argv = fake.calls[0]
     assert argv[:4] == ["/opt/uv", "pip", "compile", "requirements.in"]
     for flag, value in [
@@ -414,6 +462,27 @@ def test_compile_arguments(tmp_path, pins_cache, monkeypatch):
         assert argv[argv.index(flag) + 1] == value
     assert "--generate-hashes" in argv and "--no-header" in argv
     assert "-o" not in argv  # an existing output file would become resolver preferences
+    assert argv[argv.index("--python") + 1] == sys.executable  # no search of the machine for one
+    # The header's reproduce line is the user's command: no machine path in it.
+    assert "--python " not in parse_header(out.lockfile.read_text()).command
+
+
+def test_every_uv_call_runs_under_pypis_cache_policy(tmp_path, monkeypatch):
+    """Each call's working directory holds a uv.toml that names PyPI's cache policy on an explicit index
+    entry: uv reuses a page read in the last 10 minutes, and resolves from no index it would not otherwise."""
+    fake = FakeUv((0, COMPILED, ""))
+    monkeypatch.setattr(subprocess, "run", fake)
+    resolve(request(overrides=()), out_dir=tmp_path / "locks", pins_cache_dir=tmp_path / "pins")
+    (config,) = fake.configs
+    index = tomllib.loads(config)["index"]
+    assert index == [
+        {
+            "name": index[0]["name"],
+            "url": "https://pypi.org/simple",
+            "explicit": True,
+            "cache-control": {"api": "max-age=600", "files": "max-age=365000000, immutable"},
+        }
+    ]
 
 
 def test_uv_environment_forbids_python_downloads(tmp_path, pins_cache, monkeypatch):
@@ -432,7 +501,7 @@ def test_network_failure_online_is_error_and_keeps_old_lock(tmp_path, pins_cache
     lock = tmp_path / "locks" / "env-0123abcd.lock.txt"
     lock.parent.mkdir()
     lock.write_text("# servematrix-lock: 1\n# inputs-hash: stale\nsglang==0.5.11\n")
-    fake = FakeUv((1, "", fixture("offline-cache-miss.stderr")), (2, "", fixture("connection-refused.stderr")))
+    fake = FakeUv((2, "", fixture("connection-refused.stderr")))
     monkeypatch.setattr(subprocess, "run", fake)
     out = _resolve(tmp_path, pins_cache)
     assert out.status == "error" and out.lockfile is None and out.pins == {}
@@ -442,7 +511,7 @@ def test_network_failure_online_is_error_and_keeps_old_lock(tmp_path, pins_cache
 
 def test_conflict_online_is_unresolvable_without_lockfile(tmp_path, pins_cache, monkeypatch):
     stderr = fixture("no-solution-sglang-0.5.9-flashinfer-0.6.12.stderr")
-    monkeypatch.setattr(subprocess, "run", FakeUv((1, "", stderr), (1, "", stderr)))
+    monkeypatch.setattr(subprocess, "run", FakeUv((1, "", stderr)))
     out = _resolve(tmp_path, pins_cache)
     assert out.status == "unresolvable" and out.lockfile is None
     assert "nvidia-cutlass-dsl" in out.reason
@@ -451,7 +520,7 @@ def test_conflict_online_is_unresolvable_without_lockfile(tmp_path, pins_cache, 
 
 
 def test_timeout_is_error(tmp_path, pins_cache, monkeypatch):
-    monkeypatch.setattr(subprocess, "run", FakeUv(("timeout", "", ""), ("timeout", "", "")))
+    monkeypatch.setattr(subprocess, "run", FakeUv(("timeout", "", "")))
     out = _resolve(tmp_path, pins_cache, timeout_s=5)
     assert out.status == "error" and "timed out after 5 s" in out.reason
 
@@ -549,11 +618,34 @@ def test_identical_requirement_sets_are_resolved_once_each_with_its_own_header(t
     assert all(o.cached for o in again)
 
 
+def test_one_question_is_asked_alone_before_the_others(tmp_path, pins_cache, monkeypatch):
+    """The first distinct question reads the shared index pages into uv's cache; the others start after it
+    ends (and run together)."""
+    spans: list[tuple[str, float, float]] = []
+
+    def compile_slowly(argv, **kwargs):
+        if list(argv[1:]) == ["--version"]:
+            return FakeUv()(argv, **kwargs)
+        started = time.monotonic()
+        time.sleep(0.2)
+        spans.append((Path(kwargs["cwd"], "requirements.in").read_text().split()[0], started, time.monotonic()))
+        return FakeUv((0, COMPILED, ""))(argv, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", compile_slowly)
+    requests = [request(env_id=f"env-{n}", requirements=(f"sglang==0.5.{n}",), overrides=()) for n in (1, 2, 3)]
+    rs.resolve_many(requests, out_dir=tmp_path / "locks", pins_cache_dir=pins_cache, jobs=4)
+    compiles = sorted(spans)
+    first_end = compiles[0][2]
+    assert [c[0] for c in compiles] == ["sglang==0.5.1", "sglang==0.5.2", "sglang==0.5.3"]
+    assert all(started >= first_end for _, started, _ in compiles[1:])
+    assert compiles[2][1] < compiles[1][2]  # the rest overlap
+
+
 def test_a_shared_conflict_is_every_members_verdict(tmp_path, pins_cache, monkeypatch):
     fake = FakeUv((1, "", fixture("no-solution-sglang-0.5.9-flashinfer-0.6.12.stderr")))
     monkeypatch.setattr(subprocess, "run", fake)
     pair = [request(env_id="env-a", axes={"gpu": "b200"}), request(env_id="env-b", axes={"gpu": "rtx"})]
-    outcomes = rs.resolve_many(pair, out_dir=tmp_path / "locks", pins_cache_dir=pins_cache, offline_first=False)
+    outcomes = rs.resolve_many(pair, out_dir=tmp_path / "locks", pins_cache_dir=pins_cache)
     assert [(o.env_id, o.status, o.lockfile) for o in outcomes] == [
         ("env-a", "unresolvable", None),
         ("env-b", "unresolvable", None),

@@ -29,9 +29,9 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from servematrix.errors import InputError
+from servematrix.lockfile import PYPI_INDEX_URL
 
-# uv's and pip's own default, and the variables that change it for them (the first one set wins).
-DEFAULT_INDEX = "https://pypi.org/simple"
+# The variables that change uv's and pip's default index for them (the first one set wins).
 INDEX_VARIABLES = ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL")
 ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 TIMEOUT_S = 60.0
@@ -51,7 +51,7 @@ def default_index(matrix_index: str | None = None) -> str:
     """The index a version list comes from: the matrix's CUDA kind's, else the one uv would use."""
     if matrix_index:
         return matrix_index
-    return next((os.environ[v] for v in INDEX_VARIABLES if os.environ.get(v, "").strip()), DEFAULT_INDEX)
+    return next((os.environ[v] for v in INDEX_VARIABLES if os.environ.get(v, "").strip()), PYPI_INDEX_URL)
 
 
 def fetch_releases(package: str, index_url: str, *, client: httpx.Client | None = None) -> list[Release]:

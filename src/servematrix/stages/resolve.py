@@ -16,7 +16,9 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tempfile
+import tomllib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -33,6 +35,7 @@ from servematrix.lockfile import (
     DEFAULT_PLATFORM,
     DEFAULT_PYTHON_VERSION,
     LOCK_FORMAT,
+    PYPI_INDEX_URL,
     LockHeader,
     index_args,
     marker_environment,
@@ -40,6 +43,7 @@ from servematrix.lockfile import (
     read_lock_header,
     render_header,
 )
+from servematrix.remotewheel import RemoteWheelError, wheel_metadata
 from servematrix.util import Captured, atomic_write, run_captured, uv_env
 from servematrix.verdict import harness_faults
 
@@ -66,6 +70,23 @@ _REQUIREMENTS_NAME = "requirements.in"
 _OVERRIDES_NAME = "overrides.txt"
 
 _MAX_REASON_LINES = 15
+
+# PyPI's cache policy, said to uv in the working directory of each of its calls (a uv.toml there is merged
+# with the user's configuration): an index page read in the last 10 minutes is fresh and a file never
+# changes. That is what PyPI's own headers say (10 minutes for its pages, as uv's maintainers put it; a
+# file is never re-uploaded), and uv honours them; a proxy that strips the headers (this development
+# machine's does) makes uv fetch every page again in every process, 88 MB of pages for one sglang
+# resolution here. With it, the resolutions of one run share one reading of the index through uv's cache.
+# An explicit index is never resolved from: this names a policy, not an index; the indexes a request uses
+# stay on the command line.
+_UV_CONFIG_NAME = "uv.toml"
+_UV_CONFIG = f"""\
+[[index]]
+name = "pypi-cache-policy"
+url = "{PYPI_INDEX_URL}"
+explicit = true
+cache-control = {{ api = "max-age=600", files = "max-age=365000000, immutable" }}
+"""
 
 Status = Literal["resolved", "unresolvable", "error"]
 
@@ -287,6 +308,19 @@ def classify_failure(stderr: str) -> tuple[Status, str]:
 # ---------------------------------------------------------------------------------------------- running uv
 
 
+def _uv_workdir(work: Path) -> Path:
+    """A uv call's working directory: its configuration is the cache policy above."""
+    (work / _UV_CONFIG_NAME).write_text(_UV_CONFIG, encoding="utf-8")
+    return work
+
+
+def _interpreter_args() -> list[str]:
+    """The interpreter uv would build an sdist with, named: this one. Left to find one itself, every uv
+    process searches the machine (with pyenv shims on PATH, 0.7-0.8 CPU-s: 40% of a cold resolution here).
+    The target's markers and tags come from --python-version and --python-platform either way."""
+    return ["--python", sys.executable] if sys.executable else []
+
+
 def _run_uv(argv: list[str], *, cwd: Path, timeout_s: float) -> Captured:
     # A resolve must never download an interpreter; it only needs to reason about tags.
     run = run_captured(argv, cwd=cwd, env=uv_env(NO_COLOR="1"), timeout_s=timeout_s)
@@ -304,25 +338,17 @@ def _uv_version(uv: str) -> str:
     return " ".join(words[:2]) if run.returncode == 0 and words else "uv (unknown version)"
 
 
-def _attempts(offline_first: bool) -> tuple[bool, ...]:
-    return (True, False) if offline_first else (False,)
-
-
-def _compile(req: ResolveRequest, *, uv: str, offline_first: bool, timeout_s: float) -> Captured:
+def _compile(req: ResolveRequest, *, uv: str, timeout_s: float) -> Captured:
+    # Always online: an offline resolution from a partial cache succeeds with other versions than the
+    # index's answer (it skips the versions whose metadata is not cached). Pages read moments ago are
+    # reused online too, by the cache policy.
     with tempfile.TemporaryDirectory(prefix="servematrix-resolve-") as tmp:
-        work = Path(tmp)
+        work = _uv_workdir(Path(tmp))
         (work / _REQUIREMENTS_NAME).write_text("\n".join(req.requirements) + "\n", encoding="utf-8")
         if req.overrides:
             (work / _OVERRIDES_NAME).write_text("\n".join(req.overrides) + "\n", encoding="utf-8")
-        base = [uv, "pip", "compile", *_compile_args(req), "--color", "never"]
-        run = Captured(returncode=1, stdout="", stderr="error: uv was not run")
-        for offline in _attempts(offline_first):
-            run = _run_uv([*base, "--offline"] if offline else base, cwd=work, timeout_s=timeout_s)
-            # An offline failure of any kind proves nothing (a partial cache can even look like a
-            # conflict), so only an offline success is trusted; everything else goes online.
-            if run.returncode == 0:
-                break
-        return run
+        argv = [uv, "pip", "compile", *_compile_args(req), *_interpreter_args(), "--color", "never"]
+        return _run_uv(argv, cwd=work, timeout_s=timeout_s)
 
 
 # ------------------------------------------------------------------------------------------ release pins
@@ -382,44 +408,53 @@ def _fetch_metadata(
     extra_index_urls: tuple[str, ...],
     timeout_s: float,
 ) -> str:
-    """METADATA of one release wheel, via uv (so the configured index and uv's cache are used).
-
-    `uv pip install --no-deps --target` of the bare wheel is the one uv command that hands back a
-    release's dist-info without resolving its dependencies.
-    """
+    """METADATA of one release wheel: uv picks the wheel (the configured index, uv's cache), and only its
+    METADATA is read, by HTTP ranges. Where that cannot be done (a file host that wants uv's credentials, a
+    local index), uv installs the bare wheel and the file is read from there."""
+    common = ["--python-version", python_version, "--python-platform", platform, *_interpreter_args()]
+    common += ["--only-binary", ":all:", "--no-deps", "--color", "never", "--quiet"]
+    common += index_args(index_url, extra_index_urls)
     with tempfile.TemporaryDirectory(prefix="servematrix-pins-") as tmp:
-        target = Path(tmp) / "target"
-        argv = [
-            uv,
-            "pip",
-            "install",
-            "--no-deps",
-            "--only-binary",
-            ":all:",
-            "--target",
-            str(target),
-            "--python-version",
-            python_version,
-            "--python-platform",
-            platform,
-            "--color",
-            "never",
-            "--quiet",
-        ]
-        argv += [*index_args(index_url, extra_index_urls), f"{name}=={version}"]
-        run = Captured(returncode=1, stdout="", stderr="error: uv was not run")
-        for offline in (True, False):
-            run = _run_uv([*argv, "--offline"] if offline else argv, cwd=Path(tmp), timeout_s=timeout_s)
-            if run.returncode == 0:
-                break
+        work = _uv_workdir(Path(tmp))
+        (work / _REQUIREMENTS_NAME).write_text(f"{name}=={version}\n", encoding="utf-8")
+        which = _run_uv(
+            [uv, "pip", "compile", _REQUIREMENTS_NAME, "--format", "pylock.toml", *common],
+            cwd=work,
+            timeout_s=timeout_s,
+        )
+        if which.returncode != 0:
+            status, reason = classify_failure(which.stderr)
+            raise ReleasePinsError(status, f"reading the pins of {name}=={version}: {reason}")
+        wheel = _pylock_wheel(which.stdout, name)
+        if wheel is not None and "url" in wheel:
+            try:
+                return wheel_metadata(wheel["url"], name, size=wheel.get("size"), timeout_s=timeout_s)
+            except RemoteWheelError:
+                pass
+        # `uv pip install --no-deps --target` of the bare wheel hands back its dist-info, nothing resolved.
+        installed = work / "installed"
+        argv = [uv, "pip", "install", "--target", str(installed), *common, f"{name}=={version}"]
+        run = _run_uv(argv, cwd=work, timeout_s=timeout_s)
         if run.returncode != 0:
             status, reason = classify_failure(run.stderr)
             raise ReleasePinsError(status, f"reading the pins of {name}=={version}: {reason}")
-        for meta in sorted(target.glob("*.dist-info/METADATA")):
+        for meta in sorted(installed.glob("*.dist-info/METADATA")):
             dist = meta.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0]
             if canonicalize_name(dist) == name:
                 return meta.read_text(encoding="utf-8")
         raise ReleasePinsError("error", f"no {name} dist-info in the installed wheel of {name}=={version}")
+
+
+def _pylock_wheel(text: str, name: str) -> dict | None:
+    """The first wheel of `name` in a pylock.toml (PEP 751: url or path, size, hashes), if it names one."""
+    try:
+        packages = tomllib.loads(text).get("packages", [])
+    except tomllib.TOMLDecodeError:
+        return None
+    for package in packages:
+        if canonicalize_name(str(package.get("name", ""))) == name and package.get("wheels"):
+            return dict(package["wheels"][0])
+    return None
 
 
 def release_pins(
@@ -506,7 +541,6 @@ def resolve(
     *,
     out_dir: Path,
     uv: str = "uv",
-    offline_first: bool = True,
     timeout_s: float = 600,
     pins_cache_dir: Path | None = None,
 ) -> ResolveOutcome:
@@ -528,7 +562,7 @@ def resolve(
 
     # The release's own pins and the resolution do not depend on each other: both wait on the index at once.
     with ThreadPoolExecutor(max_workers=1) as side:
-        compiling = side.submit(_compile, req, uv=uv, offline_first=offline_first, timeout_s=timeout_s)
+        compiling = side.submit(_compile, req, uv=uv, timeout_s=timeout_s)
         try:
             crossed = _crossings(req, uv=uv, cache_dir=pins_cache_dir or default_pins_cache_dir(), timeout_s=timeout_s)
         except ReleasePinsError as exc:
@@ -586,7 +620,6 @@ def resolve_many(
     out_dir: Path,
     jobs: int | None = None,
     uv: str = "uv",
-    offline_first: bool = True,
     timeout_s: float = 600,
     pins_cache_dir: Path | None = None,
 ) -> list[ResolveOutcome]:
@@ -602,21 +635,22 @@ def resolve_many(
         asked = next((req for req, cached in current if cached is None), None)
         if asked is None:
             return [cached for _, cached in current if cached is not None]
-        first = resolve(
-            asked,
-            out_dir=out_dir,
-            uv=uv,
-            offline_first=offline_first,
-            timeout_s=timeout_s,
-            pins_cache_dir=pins_cache_dir,
-        )
+        first = resolve(asked, out_dir=out_dir, uv=uv, timeout_s=timeout_s, pins_cache_dir=pins_cache_dir)
         return [
             first if req is asked else cached or _same_answer(req, first, out_dir=out_dir, uv=uv)
             for req, cached in current
         ]
 
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs or default_jobs(), len(groups)))) as pool:
-        found = {o.env_id: o for outcomes in pool.map(answer, groups.values()) for o in outcomes}
+    # One question first, alone: it reads into uv's cache the index pages that the others mostly share (torch,
+    # the nvidia-* and CUDA wheels), which the cache policy lets them reuse instead of each reading its own.
+    questions = list(groups.values())
+    found: dict[str, ResolveOutcome] = {}
+    first = next((g for g in questions if any(resolve_cached(r, out_dir=out_dir) is None for r in g)), None)
+    if first is not None:
+        found.update((o.env_id, o) for o in answer(first))
+        questions.remove(first)
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs or default_jobs(), len(questions) or 1))) as pool:
+        found.update((o.env_id, o) for outcomes in pool.map(answer, questions) for o in outcomes)
     return [found[req.env_id] for req in requests]
 
 
