@@ -105,11 +105,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.python and args.backend != "existing":
         raise InputError("--python is for --backend existing")
+    if args.image and args.backend != "image":
+        raise InputError("--image is for --backend image")
     for line in preamble(plan, options):
         _say(line)
     builds = builds_here(plan, stages)
     backend = select_backend(
-        args.backend, workdir=args.workdir, plan=plan, builds=builds, notice=_say, python=args.python
+        args.backend, workdir=args.workdir, plan=plan, builds=builds, notice=_say, python=args.python, image=args.image
     )
     # Only a run that builds an environment uses its backend: naming one that was never tried would mislead.
     _say(f"backend: {backend.name}" if builds else "backend: none used (no environment is built on this host)")

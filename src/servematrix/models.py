@@ -138,8 +138,8 @@ def ensure_model(
     if problem:
         raise InputError(problem)
     script = builder_script(engine, builder)
-    done = subprocess.run(
-        [*python((target.parent,)), str(script), str(target), "--size", size],
+    done = subprocess.run(  # in a container, both the script and the target's folder must be visible
+        [*python((script.parent, target.parent)), str(script), str(target), "--size", size],
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -77,6 +77,7 @@ examples:
   servematrix run --select 'sglang>=0.5.12' --stages resolve,import,probe  pre-flight only: no GPU needed
   servematrix run matrix/cpu-smoke.toml --rerun --report out/              run again, and write a report
   servematrix run matrix/h200-smoke.toml --backend existing --python PATH  serve from an existing install
+  servematrix run matrix/h200-smoke.toml --backend image                   serve from sglang's own images
 
 {SELECT_HELP}"""
 
@@ -411,7 +412,8 @@ OPTIONS: tuple[Option, ...] = (
         choices=BACKENDS,
         default="auto",
         help="where environments are built and servers run. auto: podman or docker when it can get its base "
-        "images, else venv (uv); nix: images from flake.nix; existing: build nothing, serve with --python",
+        "images, else venv (uv); nix: images from flake.nix; image: serve from the engine's published image of "
+        "each release (podman or docker); existing: build nothing, serve with --python",
         commands=("run", "submit", "bisect"),
     ),
     Option(
@@ -419,6 +421,13 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PATH",
         help="--backend existing: the interpreter whose installed packages serve every cell (default: this one); "
         "a cell whose axis versions are not installed there is refused",
+        commands=("run",),
+    ),
+    Option(
+        flags=("--image",),
+        metavar="REF",
+        help="--backend image: serve every cell from this image (default: the engine's published image of each "
+        "release and CUDA version, from its data); a cell whose axis versions it does not hold is skipped",
         commands=("run",),
     ),
     Option(

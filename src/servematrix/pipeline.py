@@ -357,6 +357,8 @@ class _Runner:
             packages=self.plan.spec.file.packages,
         )
         state.stage_seconds["build"] = round(state.built.seconds, 3)
+        if not state.built.ok and state.built.unavailable:  # not the stack's failure (an image backend's)
+            return verdict.unavailable(state.built.unavailable, state.built.excerpt, state.built.notes)
         if not state.built.ok:
             return verdict.build_failed(state.built.excerpt, log_tail(build_log, 1000))
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -135,9 +136,20 @@ def build_failed(excerpt: str, log_tail: str = "") -> Verdict:
     return failed("build", excerpt=excerpt)
 
 
-# What a host without the cell's GPUs can say: a prediction, or nothing yet. Such a verdict never replaces,
-# nor regresses, one observed by serving the cell on its GPUs.
-CPU_ONLY = ("predicted-fail", "skipped:no-gpu")
+def unavailable(text: str, excerpt: str, evidence: Sequence[str] = ()) -> Verdict:
+    """The verdict of an environment a backend could not provide, for a reason that says nothing about the
+    stack (`Built.unavailable`): `error:<fault>` (an image pull failed: retried) or `skipped:<reason>` (an image
+    that does not hold the cell: final, never a judgement of the stack)."""
+    result = Verdict.parse(text, excerpt)
+    if result.kind not in ("error", "skipped") or not result.detail:
+        raise ValueError(f"an unavailable environment is error:<fault> or skipped:<reason>, not {text!r}")
+    return Verdict(kind=result.kind, detail=result.detail, excerpt=excerpt, evidence=tuple(evidence))
+
+
+# What a run can say of a cell it did not serve: a CPU prediction, nothing yet (no GPU here), or that the image
+# `--backend image` serves from cannot serve it (no image of that release, or one without the cell's versions).
+# Such a verdict never replaces, nor regresses, one observed by serving the cell on its GPUs.
+UNSERVED = ("predicted-fail", "skipped:no-gpu", "skipped:no-image", "skipped:not-in-image")
 
 
 def observed(text: str) -> bool:
@@ -145,5 +157,5 @@ def observed(text: str) -> bool:
     return text == "pass" or text.startswith("fail:")
 
 
-def cpu_only(text: str) -> bool:
-    return text.startswith(CPU_ONLY)
+def unserved(text: str) -> bool:
+    return text.startswith(UNSERVED)

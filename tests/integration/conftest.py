@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MATRIX, REPO
+from tests.integration.images import SmokeImage, build_smoke_image, ready_podman
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +29,18 @@ def smoke_project(tmp_path: Path, test_cache: Path, monkeypatch: pytest.MonkeyPa
     (tmp_path / ".servematrix" / "models").symlink_to(models)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def podman() -> str:
+    """podman, able to run a container (ci/services/podman.sh prepares it)."""
+    return ready_podman()
+
+
+@pytest.fixture(scope="session")
+def smoke_image(podman: str, test_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> SmokeImage:
+    """The cpu-smoke transformers 5.24.0 environment's image, built from its real lock (once per session): the
+    podman backend's tests run it, and the image backend's stand-ins are built on it."""
+    return build_smoke_image(
+        podman, test_cache / "container", tmp_path_factory.mktemp("locks"), tmp_path_factory.mktemp("build")
+    )

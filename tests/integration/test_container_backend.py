@@ -4,25 +4,23 @@ matrix goes on.
 
 The image is large (torch's CUDA wheels: ~7 GB, ~4 min to build), so it is built once per session and shared;
 podman keeps it between local sessions, where it is reused. CI prepares podman with ci/services/podman.sh
-(runc, ulimits, the debootstrap base image `localhost/bookworm-base`)."""
+(runc, ulimits, the debootstrap base image `localhost/bookworm-base`); the session's image is built by the
+`smoke_image` fixture (tests/integration/conftest.py), which test_image_backend.py shares."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import ssl
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
 
-from servematrix.backends import Backend, BuildInput, Built
-from servematrix.backends.container import ContainerBackend, image_size, targets_from_plan
-from servematrix.cells import requirements
+from servematrix.backends import Backend, Built
+from servematrix.backends.container import ContainerBackend, image_size
 from servematrix.locking import lock_plan
 from servematrix.models import builder_script
 from servematrix.pipeline import run_plan
@@ -31,88 +29,12 @@ from servematrix.report.rows import tok_s
 from servematrix.runplan import RunOptions
 from servematrix.store import Store
 from servematrix.tinymodel import is_built
-from tests.conftest import MATRIX
+from tests.integration.images import BASE_IMAGE, GOOD, SmokeImage, extra_ca
 
 # The first test also waits for the session's image build: ~4 min on an idle 2-core machine, ~10 min loaded.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-BASE_IMAGE = os.environ.get("SERVEMATRIX_BASE_IMAGE", "localhost/bookworm-base")
-GOOD = "transformers=5.24.0"
 BROKEN = "transformers=5.5.4"
-
-
-def _extra_ca() -> Path | None:
-    """The host's CA bundle: it trusts this machine's TLS-intercepting proxy, which the image must too."""
-    given = os.environ.get("SERVEMATRIX_EXTRA_CA_BUNDLE")
-    paths = ssl.get_default_verify_paths()
-    for candidate in (given, paths.cafile, paths.openssl_cafile):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
-
-
-@dataclass
-class SmokeImage:
-    podman: str
-    backend: ContainerBackend
-    built: Built
-    lock_dir: Path
-    lock_hash: str
-    lock_pins: dict[str, str]
-    build_log: Path
-    build_seconds: float
-
-
-@pytest.fixture(scope="session")
-def podman() -> str:
-    exe = shutil.which("podman")
-    if exe is None:
-        pytest.skip("podman is not installed: source ci/services/podman.sh (CI does)")
-    if subprocess.run([exe, "image", "exists", BASE_IMAGE], check=False).returncode != 0:
-        pytest.fail(f"base image {BASE_IMAGE} is missing: source ci/services/podman.sh")
-    tried = subprocess.run([exe, "run", "--rm", BASE_IMAGE, "true"], capture_output=True, text=True, check=False)
-    if tried.returncode != 0:
-        pytest.fail(f"podman cannot run a container (source ci/services/podman.sh for runc): {tried.stderr}")
-    return exe
-
-
-@pytest.fixture(scope="session")
-def smoke_image(podman: str, test_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> SmokeImage:
-    """The cpu-smoke transformers 5.24.0 environment's image, built from its real lock (once per session)."""
-    plan = make_plan(MATRIX / "cpu-smoke.toml", [GOOD])
-    lock_dir = tmp_path_factory.mktemp("locks")
-    [outcome] = lock_plan(plan, lock_dir)
-    assert outcome.status == "resolved" and outcome.lockfile, outcome.reason
-    env = plan.cells[0].env
-    reqs, overrides = requirements(env, plan.spec.engine)
-    backend = ContainerBackend(
-        "podman",
-        test_cache / "container",
-        targets=targets_from_plan(make_plan(MATRIX / "cpu-smoke.toml")),
-        base_image=BASE_IMAGE,
-        extra_ca_bundle=_extra_ca(),
-    )
-    request = BuildInput(
-        env_id=env.env_id,
-        python=env.python,
-        requirements=(*reqs, *overrides),
-        lockfile=outcome.lockfile,
-        lock_hash=outcome.inputs_hash,
-    )
-    log = tmp_path_factory.mktemp("build") / f"{env.env_id}.build.log"
-    started = time.monotonic()
-    built = backend.build(request, log)
-    assert built.ok, built.excerpt
-    return SmokeImage(
-        podman=podman,
-        backend=backend,
-        built=built,
-        lock_dir=lock_dir,
-        lock_hash=outcome.inputs_hash,
-        lock_pins=dict(outcome.pins),
-        build_log=log,
-        build_seconds=time.monotonic() - started,
-    )
 
 
 class Recording:
@@ -188,7 +110,7 @@ def test_image_is_built_from_the_lock_labelled_and_run_by_a_non_root_user(smoke_
     frozen = {canonicalize_name(name): version for name, version in frozen.items()}
     assert {k: frozen.get(k) for k in image.lock_pins} == image.lock_pins  # exactly the lock, by hash
     assert built.installed == image.lock_pins
-    ca = _extra_ca()
+    ca = extra_ca()
     if ca is not None:  # the extra CA bundle's certificates are trusted inside the image
         blocks = [b for b in ca.read_text().split("-----END CERTIFICATE-----") if "BEGIN CERTIFICATE" in b]
         assert all(block.strip().splitlines()[-1] in bundle for block in blocks)

@@ -1,8 +1,9 @@
 """Backends: where an environment is built and where its server runs.
 
 Each backend turns an environment (and its lock, when the resolve stage made one) into something that
-can launch the engine's argv: a venv (uv), an image (podman/docker, or built by Nix), or an installed
-interpreter. The serve stage does not care which: it gets an argv, an environment and a working directory.
+can launch the engine's argv: a venv (uv), an image (podman/docker, or built by Nix), the engine's own
+published image, or an installed interpreter. The serve stage does not care which: it gets an argv, an
+environment and a working directory.
 `Backend` is the whole interface; `registry` maps `--backend` names to backends.
 """
 
@@ -34,6 +35,10 @@ class Built:
     cached: bool = False
     seconds: float = 0.0
     excerpt: str = ""  # the failing step's lines
+    # Why the environment could not be had, when that says nothing about the stack, as its verdict:
+    # `error:<fault>` (an image pull failed: retried) or `skipped:<reason>` (an image that does not hold the
+    # cell). Empty for a build that failed on the stack's account (`fail:build`).
+    unavailable: str = ""
     notes: tuple[str, ...] = ()  # provenance worth showing beside every verdict (e.g. differences from the lock)
 
 

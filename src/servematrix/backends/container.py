@@ -88,6 +88,7 @@ def targets_from_plan(plan: Any) -> dict[str, EnvTarget]:
 
 class ContainerBackend:
     bind_host = "0.0.0.0"  # inside the container; published on the host's 127.0.0.1 only
+    interpreter = f"{ENV_PREFIX}/bin/python"  # the environment's Python, which runs helper scripts (`python`)
 
     def __init__(
         self,
@@ -300,7 +301,7 @@ class ContainerBackend:
         ]  # fmt: skip
         for directory in dict.fromkeys(str(Path(d).resolve()) for d in visible):
             command += ["--volume", f"{directory}:{directory}"]
-        return (*command, built.image_digest, f"{ENV_PREFIX}/bin/python")
+        return (*command, built.image_digest, self.interpreter)
 
     def _host_user(self) -> list[str]:
         """Files the helper writes into host directories must belong to the host user, not the image's."""

@@ -1,83 +1,34 @@
 """The existing-environment backend: builds nothing, runs the server with a given interpreter.
 
-For prebuilt images (an upstream sglang image), GPU nodes that reach no package index, and a user's own
-install. Provenance is what is installed: every distribution's name==version and a hash of its RECORD, read
-by that interpreter. The differences from the cell's lock are recorded as evidence, and a cell whose axis
-versions (sglang, torch, ...) disagree with what is installed is refused before anything runs: it would
-otherwise be published under a false label.
+For GPU nodes that reach no package index, a user's own install, and a harness that itself runs inside a
+prebuilt image (`srun --container-image`); to serve from an engine's published image, see `--backend image`
+(backends/image.py). Provenance is what is installed (backends/inventory.py), read by that interpreter. The
+differences from the cell's lock are recorded as evidence, and a cell whose axis versions (sglang, torch, ...)
+disagree with what is installed is refused before anything runs: it would otherwise be published under a false
+label.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
-
 from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
+from servematrix.backends.inventory import (
+    INVENTORY_SCRIPT,
+    Installed,
+    lock_differences,
+    not_held,
+    parse_inventory,
+    shown,
+)
 from servematrix.errors import InputError
 from servematrix.lockfile import parse_pins
 from servematrix.util import run_captured
-
-# Run by the target interpreter: stdlib only. One line of JSON: {name: [version, sha256 of RECORD]}.
-_INVENTORY = r"""
-import hashlib, json, sys
-from importlib import metadata
-seen = {}
-for dist in metadata.distributions():
-    name = (dist.metadata["Name"] or "").strip()
-    if not name or name.lower() in seen:
-        continue  # the first on sys.path wins, as import does
-    record = dist.read_text("RECORD") or dist.read_text("METADATA") or ""
-    seen[name.lower()] = [name, dist.version, hashlib.sha256(record.encode()).hexdigest()]
-print(json.dumps({"python": sys.version.split()[0], "distributions": sorted(seen.values())}))
-"""
-MAX_DIFFERENCES = 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class Installed:
-    python: str  # the interpreter's version
-    versions: Mapping[str, str]  # canonical name -> version
-    hashes: Mapping[str, str]  # canonical name -> sha256 of its RECORD
-
-    @property
-    def digest(self) -> str:
-        """One hash of the whole installed set."""
-        lines = "".join(f"{n}=={self.versions[n]} {self.hashes[n]}\n" for n in sorted(self.versions))
-        return hashlib.sha256(lines.encode()).hexdigest()[:16]
-
-
-def _same_version(wanted: str, installed: str) -> bool:
-    """2.11.0 and 2.11.0+cu130 are the same release; anything else compares as PEP 440 versions."""
-    try:
-        return (
-            Version(wanted).public == Version(installed).public
-            if "+" not in wanted
-            else Version(wanted) == Version(installed)
-        )
-    except InvalidVersion:
-        return wanted == installed
-
-
-def lock_differences(lock: Mapping[str, str], installed: Mapping[str, str]) -> list[str]:
-    """What the interpreter has that the lock does not say, package by package."""
-    out = []
-    for name, version in sorted(lock.items()):
-        have = installed.get(name)
-        if have is None:
-            out.append(f"{name}: missing (lock {version})")
-        elif not _same_version(version, have):
-            out.append(f"{name}: {have} installed (lock {version})")
-    return out
 
 
 class ExistingBackend(HostProcesses):
@@ -89,25 +40,18 @@ class ExistingBackend(HostProcesses):
 
     @cached_property
     def installed(self) -> Installed:
-        done = run_captured([self.interpreter, "-c", _INVENTORY], timeout_s=120)
+        done = run_captured([self.interpreter, "-c", INVENTORY_SCRIPT], timeout_s=120)
         if done.problem is not None:
             raise InputError(f"--python {self.interpreter}: cannot run it: {done.problem}")
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise InputError(f"--python {self.interpreter}: cannot list its packages: {last}")
-        data = json.loads(done.stdout.strip().splitlines()[-1])
-        rows = data["distributions"]
-        return Installed(
-            python=data["python"],
-            versions={canonicalize_name(n): v for n, v, _ in rows},
-            hashes={canonicalize_name(n): h for n, _, h in rows},
-        )
+        return parse_inventory(done.stdout)
 
     def refuse_mislabelled(self, wanted: Iterable[tuple[str, str, str]]) -> None:
         """wanted: (cell or environment label, package, version). The first disagreement is one line, exit 2."""
         for label, package, version in wanted:
-            have = self.installed.versions.get(canonicalize_name(package))
-            if have is None or not _same_version(version, have):
+            for _, _, have in not_held([(package, version)], self.installed.versions):
                 found = f"has {package} {have}" if have else f"has no {package}"
                 raise InputError(
                     f"{label} wants {package} {version}, but {self.interpreter} {found}: "
@@ -127,9 +71,6 @@ class ExistingBackend(HostProcesses):
             + "".join(f"differs from the lock: {line}\n" for line in differences),
             encoding="utf-8",
         )
-        shown = differences[:MAX_DIFFERENCES]
-        if len(differences) > len(shown):
-            shown.append(f"... and {len(differences) - len(shown)} more (build log)")
         return Built(
             ok=True,
             env_id=request.env_id,
@@ -139,7 +80,7 @@ class ExistingBackend(HostProcesses):
             notes=(
                 f"existing environment {self.interpreter}: installed set {installed.digest}, "
                 f"{len(differences)} difference(s) from the lock",
-                *(f"differs from the lock: {line}" for line in shown),
+                *(f"differs from the lock: {line}" for line in shown(differences)),
             ),
         )
 

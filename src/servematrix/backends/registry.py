@@ -1,9 +1,12 @@
-"""`--backend auto|podman|docker|venv|nix|existing`: which backend builds and runs this invocation's environments.
+"""`--backend auto|podman|docker|venv|nix|image|existing`: which backend builds and runs this invocation's
+environments.
 
 `auto` takes the first container engine that answers `info` (podman, then docker) and can get the base
 image of every environment this run will build (present locally, or pulled now), else a venv. A docker CLI
 without a reachable daemon, podman without its runtime, or an engine on a host that reaches no registry is
-not a usable backend: a build there would fail and blame the stack for a fault of the host.
+not a usable backend: a build there would fail and blame the stack for a fault of the host. `image` serves
+from the engine's published images (`--image REF`: one image for all) through the first container engine that
+answers; it is never chosen by `auto`, which builds.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from servematrix.backends.container import (
     targets_from_plan,
 )
 from servematrix.backends.existing import ExistingBackend
+from servematrix.backends.image import ImageBackend
 from servematrix.backends.nix import nix_backend
 from servematrix.backends.tools import base_image_problem, probe_tool
 from servematrix.backends.venv import VenvBackend
 from servematrix.cells import axis_packages
 from servematrix.errors import InputError
 
-CHOICES = ("auto", "podman", "docker", "venv", "nix", "existing")
+CHOICES = ("auto", "podman", "docker", "venv", "nix", "image", "existing")
 
 
 def select_backend(
@@ -43,6 +47,7 @@ def select_backend(
     base_check: Callable[[str, str], str | None] = base_image_problem,
     notice: Callable[[str], None] = lambda line: None,
     python: str | None = None,
+    image: str | None = None,
 ) -> Backend:
     """The backend for `--backend NAME`. An explicitly named backend that does not work is an InputError.
 
@@ -53,6 +58,7 @@ def select_backend(
     SERVEMATRIX_BASE_IMAGE, else none (the base then comes from the matrix's CUDA kind or the default).
     notice: where auto says, in one line, why it passed over a container engine.
     python: the interpreter of `--backend existing` (default: this one).
+    image: `--backend image`'s one image for every environment (default: each one's from the engine data).
     """
     if name not in CHOICES:
         raise InputError(f"--backend {name!r}: unknown backend (choices: {', '.join(CHOICES)})")
@@ -62,6 +68,8 @@ def select_backend(
         return existing_backend(plan, builds, python)
     if name == "nix":
         return nix_backend(workdir, plan=plan, probe=probe)
+    if name == "image":
+        return image_backend(workdir, plan, image, probe)
     ca = extra_ca_bundle or _path_from_env(EXTRA_CA_ENV)
     if ca is not None and not ca.is_file():
         raise InputError(f"extra CA bundle {ca} is not a file (from --extra-ca-bundle or {EXTRA_CA_ENV})")
@@ -100,6 +108,30 @@ def existing_backend(plan: Any, builds: Sequence[str], python: str | None) -> Ex
             for package, version in axis_packages(envs[env_id], plan.spec.engine, plan.spec.file.packages)
         )
     return backend
+
+
+def image_backend(workdir: Path, plan: Any, image: str | None, probe: Callable[[str], str | None]) -> ImageBackend:
+    """`--backend image` through the first container engine that answers `info`; none is bad input."""
+    if plan is None:
+        raise InputError("--backend image needs a plan: which engine, which releases")
+    problems = []
+    for tool in TOOLS:
+        why = probe(tool)
+        if why is None:
+            envs = {c.env_id: c.env for c in plan.cells}
+            return ImageBackend(
+                tool,
+                workdir / "images",
+                engine=plan.spec.engine,
+                targets=targets_from_plan(plan),
+                wanted={
+                    env_id: axis_packages(env, plan.spec.engine, plan.spec.file.packages)
+                    for env_id, env in envs.items()
+                },
+                image=image,
+            )
+        problems.append(why)
+    raise InputError(f"--backend image needs podman or docker: {'; '.join(problems)}")
 
 
 def _path_from_env(variable: str) -> Path | None:

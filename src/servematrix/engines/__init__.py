@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import string
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from servematrix import tomlsource
 from servematrix.errors import InputError
@@ -80,6 +81,27 @@ class ModeEvidence(_Ranged):
     applied: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
     source: str = ""
+
+
+class ImageRow(_Ranged):
+    """The engine's own published image of a release (`--backend image`): a reference per CUDA version it is
+    published for (the environment's `cuda` axis), or one `reference` for an engine without a CUDA axis. In a
+    reference, `{version}` is the engine's version and any other `{axis}` that axis's value. A CUDA version a
+    row does not name has no image of that release."""
+
+    cuda: dict[str, str] = Field(default_factory=dict)
+    reference: str = ""
+    source: str  # where the scheme was read (the engine's release workflow at a tag)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ImageRow:
+        if bool(self.cuda) == bool(self.reference):
+            raise ValueError("an image row names either `cuda` (a reference per CUDA version) or `reference`")
+        return self
+
+    def templates(self) -> dict[str, str]:
+        """Each reference template by where it is written (`reference`, or the CUDA version's key)."""
+        return dict(self.cuda) or {"reference": self.reference}
 
 
 class ImportCheckSpec(DataTable):
@@ -161,6 +183,7 @@ class Engine(DataTable):
     # matrix's `[bench] api` must be one of them.
     bench_apis: tuple[Literal["chat", "completions", "generate"], ...] = ("chat", "completions")
     derived_ports: tuple[DerivedPorts, ...] = ()
+    images: tuple[ImageRow, ...] = ()  # its published images, by version range (`--backend image`)
     mode_evidence: tuple[ModeEvidence, ...] = ()
     # Flags whose value is a credential: masked as `***` in every stored, printed or published argv.
     secret_flags: tuple[str, ...] = ()
@@ -218,6 +241,11 @@ class Engine(DataTable):
         parsed = Version(version)
         return next((row for row in self.mode_evidence if row.mode == mode and row.contains(parsed)), None)
 
+    def image_row(self, version: str) -> ImageRow | None:
+        """The published images of this version, if the data names them."""
+        parsed = Version(version)
+        return next((row for row in self.images if row.contains(parsed)), None)
+
 
 ENGINES_PATH_ENV = "SERVEMATRIX_ENGINES"
 # An engine's name is the stem of its data file: an identifier, never a path. Anything else (a store row's
@@ -270,6 +298,18 @@ def _load(path: Path) -> Engine:
     engine = tomlsource.validate(source, Engine)
     if engine.name != path.stem:
         raise source.error(("name",), f"engine data in {path.name} names itself {engine.name!r}, not {path.stem!r}")
+    known = {"version", *engine.axes}
+    for index, row in enumerate(engine.images):
+        for key, template in row.templates().items():
+            where = ("images", index, *(("cuda", key) if row.cuda else ("reference",)))
+            try:
+                fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+            except ValueError as exc:
+                raise source.error(where, f"image reference {template!r}: {exc}") from None
+            if unknown := sorted(fields - known):
+                raise source.error(
+                    where, f"image reference {template!r} names {unknown}: only {sorted(known)} can be filled in"
+                )
     return engine
 
 

@@ -37,7 +37,7 @@ from servematrix.report import owned
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
 from servematrix.store import Row, Store
 from servematrix.util import DEFAULT_WORKDIR
-from servematrix.verdict import cpu_only, observed
+from servematrix.verdict import observed, unserved
 
 PUBLISHED_SITE = Path("docs")
 PREVIEW_DIR = DEFAULT_WORKDIR / "report"
@@ -249,8 +249,9 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
         elif old.get("run_id") == row.get("run_id"):
             counts["same"] += 1
             merged[row["cell_id"]] = row
-        elif cpu_only(str(row.get("verdict") or "")) and observed(str(old.get("verdict") or "")):
-            # A CPU pre-flight (the nightly) does not overwrite what a GPU run observed.
+        elif unserved(str(row.get("verdict") or "")) and observed(str(old.get("verdict") or "")):
+            # A verdict reached without serving the cell (the nightly CPU pre-flight, an image that does not
+            # hold it) does not overwrite what a GPU run observed.
             counts["kept_observed"] += 1
             merged[row["cell_id"]] = old
         elif _newer_or_same(row, old):

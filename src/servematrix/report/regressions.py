@@ -33,7 +33,7 @@ from typing import Any
 from servematrix.stages import bench
 from servematrix.store import COLUMNS, Row, row_problem
 from servematrix.util import atomic_write
-from servematrix.verdict import cpu_only, observed
+from servematrix.verdict import observed, unserved
 
 SCHEMA = 1
 MIN_DROP = 0.10
@@ -288,8 +288,8 @@ def detect_regressions(
             "mode": row["mode"],
             "axes": dict(row["axes"]),
         }
-        if observed(before) and cpu_only(after):
-            continue  # like with like: a CPU prediction never regresses what a GPU run observed
+        if observed(before) and unserved(after):
+            continue  # like with like: a verdict reached without serving never regresses what a GPU run observed
         if _kind(before) == "pass" and _kind(after) in FAILED_KINDS:
             found.append(
                 Regression(**common, kind="verdict", before=before, after=after, reason=f"verdict {before} -> {after}")
