@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.locking import default_lock_dir, resolve_request
 from servematrix.models import ModelBuildError, StackImportError
+from servematrix.packing import Packed, jobs_to_pack, run_packed
 from servematrix.plan import Plan
 from servematrix.progress import RunProgress, print_summary, skip_message, wrap_free
 from servematrix.reaper import reap_orphans
@@ -147,10 +148,13 @@ class _Runner:
         if self.summary.skipped_unchanged:
             wrap_free(self.console, skip_message(self.summary.skipped_unchanged))
         self._check_imports_ahead(todo)
+        packed = jobs_to_pack(self.plan, todo)
         self._progress = RunProgress(self.console, title=spec.path.name, total=total)
         with self._progress.shown():
             by_id = {c.id: c for c in self.plan.cells}
-            for cells in todo.values():
+            for env_id, cells in todo.items():
+                if env_id in packed:
+                    continue  # run below, at the same time as the others on this host's GPUs
                 state = _EnvState(env=cells[0].env)
                 for cell in cells:
                     self._claimed_cell(state, cell)
@@ -159,6 +163,7 @@ class _Runner:
                     self._progress.finished(cell, self.summary.verdicts.get(cell.id, "?"))
                 for cell_id in self._more_starts(state):
                     self._progress.finished(by_id[cell_id], self.summary.verdicts.get(cell_id, "?"))
+            packing = self._run_packed(packed) if packed else None
         if self.summary.skipped_owned:
             owners = sorted(set(self.summary.skipped_owned.values()))
             self.console.print(
@@ -166,6 +171,28 @@ class _Runner:
                 f"{', '.join(map(str, owners))}) was running them"
             )
         print_summary(self.console, self.options.run_id, {c.id: c for c in self.plan.cells}, self.summary.verdicts)
+        if packing is not None:
+            wrap_free(self.console, packing.line())
+
+    def _run_packed(self, envs: Mapping[str, Sequence[Cell]]) -> Packed:
+        """The environments that need this host's GPUs, packed onto them (packing.py). A cell whose job died
+        before deciding it is the harness's fault."""
+        packed = run_packed(
+            self.plan,
+            self.backend,
+            self.options,
+            envs,
+            store=self.store,
+            console=self.console,
+            finished=self._progress.finished,
+        )
+        self.summary.verdicts.update(packed.verdicts)
+        for env_id, why in packed.failed.items():
+            for cell in envs[env_id]:
+                if cell.id not in packed.verdicts:
+                    self._record(cell, _EnvState(env=cell.env), verdict.error("harness", excerpt=why))
+                    self._progress.finished(cell, self.summary.verdicts[cell.id])
+        return packed
 
     def _check_imports_ahead(self, todo: dict[str, list[Cell]]) -> None:
         """The import checks this run will need, each distinct current lock once and as many at once as the host

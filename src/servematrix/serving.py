@@ -77,13 +77,30 @@ class CellServer:
         row: Callable[[tuple[str, ...]], dict[str, Any]],
     ) -> Served:
         """Start the cell's server (its `start`-th start, from 0), wait for it, benchmark it, stop it. `row` is
-        the cell's store row for the argv that runs. A fault raises: the runner makes it the start's verdict."""
-        spec = self.plan.spec
+        the cell's store row for the argv that runs. A fault raises: the runner makes it the start's verdict.
+        The port and every port derived from it (its ranks' too) are held for this harness until it ends."""
         model_dir = self.model_dir(built)
+        offsets = self.plan.spec.engine.port_offsets(cell.env.version, ranks=cell.env.ranks)
+        with ports.reserved_port(offsets, host="127.0.0.1") as port:
+            return self._serve_on(
+                cell, built, port, model_dir=model_dir, start=start, stage_seconds=stage_seconds, row=row
+            )
+
+    def _serve_on(
+        self,
+        cell: Cell,
+        built: Built,
+        port: int,
+        *,
+        model_dir: Path | None,
+        start: int,
+        stage_seconds: Mapping[str, float],
+        row: Callable[[tuple[str, ...]], dict[str, Any]],
+    ) -> Served:
+        spec = self.plan.spec
         model = self.backend.model_location(model_dir) if model_dir else spec.file.model.path
         run_id = self.options.run_id
         log_path = self.options.workdir / "logs" / run_id / f"{cell.id}{f'.start{start + 1}' if start else ''}.log"
-        port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
         planned = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
         # `***` values of secret flags come from the environment (check_inputs made sure they are set).
         argv = fill_secrets(planned, self.secret_flags, os.environ)
