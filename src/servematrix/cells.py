@@ -46,6 +46,11 @@ class Environment:
         """The engine's own version (the first axis)."""
         return next(iter(self.axes.values()))
 
+    @property
+    def ranks(self) -> int:
+        """The server's ranks: one per GPU on a kind that asks for tensor parallelism, else one."""
+        return self.gpu.count if self.gpu.tensor_parallel and self.gpu.count > 1 else 1
+
     def effective(self, axis: str, pins: Mapping[str, Mapping[str, str]]) -> str | None:
         """The axis value, with `pinned` replaced by the release's known pin where the engine data has one."""
         value = self.axes.get(axis)
@@ -197,7 +202,8 @@ def server_command(
     host: str = DEFAULT_HOST,
     model: str | None = None,
 ) -> tuple[str, ...]:
-    """The exact server argv: launch + common args + GPU-kind args + mode args, in this version's spelling."""
+    """The exact server argv: launch + common args + GPU-kind args (with the engine's tensor-parallel args on a
+    kind that asks for them) + mode args, in this version's spelling."""
     engine = spec.engine
     values = {
         "model": model if model is not None else spec.file.model.path,
@@ -205,7 +211,8 @@ def server_command(
         "port": str(port if port is not None else engine.default_port),
     }
     launch = tuple(part.format_map(values) for part in engine.launch_argv(env.version))
-    args = (*spec.file.server.args, *env.gpu.args, *mode_args)
+    parallel = engine.tensor_parallel_args(env.version, gpus=env.ranks, port=int(values["port"]))
+    args = (*spec.file.server.args, *env.gpu.args, *parallel, *mode_args)
     return launch + engine.rename_flags(args, env.version)
 
 

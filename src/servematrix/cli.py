@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from servematrix import hostinfo
 from servematrix.bisection.command import cmd_bisect
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, Parser, add_options, validate
@@ -84,6 +85,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from servematrix.runplan import RunOptions, builds_here, preamble
 
     stages, store = args.stages, args.store or DEFAULT_STORE
+    if args.standin_gpus is not None:  # through the environment: the packed jobs' processes see it too
+        os.environ[hostinfo.STANDIN_GPUS_ENV] = str(args.standin_gpus)
+        hostinfo.host.cache_clear()
     plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
     report_table = _report_table(args.report) if args.report is not None else None
     if report_table is not None:  # before the run, not after it: a refused report must not cost a run
@@ -207,7 +211,11 @@ def _write_report(
             merged = publishing.merge_published(published, publishing.store_rows(store), prune=prune)
             rows = list(merged.rows)
             done = merged.summary(record)
-    result = publishing.write_report(rows, out_dir, baseline=baseline, write_record=publish, markdown_name=table.name)
+    # A preview shows the store's packed runs; the published record keeps cells, not one host's runs.
+    packing = publishing.store_packing(store) if not publish else []
+    result = publishing.write_report(
+        rows, out_dir, baseline=baseline, write_record=publish, markdown_name=table.name, packing=packing
+    )
     written = f"{result.markdown}, {result.html}, {len(result.plots)} plot(s)"
     if publish:
         print(f"wrote {written}, {result.results}\n{done}", file=sys.stderr)

@@ -1,4 +1,10 @@
-"""Facts about the host that go into every stored row, and which GPUs it has."""
+"""Facts about the host that go into every stored row, and which GPUs it has.
+
+The GPUs are nvidia-smi's, or, where `SERVEMATRIX_STANDIN_GPUS=N` is set (`run --standin-gpus N`), N
+stand-in GPUs: a test device for a host without GPUs, which stands in for any arch a cell needs. The runner
+then serves the cells that need GPUs, on whatever backend the run has (the tests' fake server), and packs
+them onto the stand-ins as it would onto real GPUs. Rows record the stand-ins as the host's GPUs.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,11 @@ import shutil
 import socket
 import subprocess
 from dataclasses import asdict, dataclass
+
+from servematrix.errors import InputError
+
+STANDIN_GPUS_ENV = "SERVEMATRIX_STANDIN_GPUS"
+STANDIN_ARCH = "stand-in"  # a stand-in GPU answers to every arch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +44,7 @@ class Host:
         return data
 
     def count(self, arch: str) -> int:
-        return sum(1 for g in self.gpus if g.arch == arch)
+        return sum(1 for g in self.gpus if g.arch in (arch, STANDIN_ARCH))
 
 
 @functools.cache
@@ -43,8 +54,15 @@ def host() -> Host:
         cpu=_cpu_model(),
         cpus=len(os.sched_getaffinity(0)),
         os=f"{platform.system()} {platform.release()}",
-        gpus=tuple(_nvidia_gpus()),
+        gpus=tuple(_standin_gpus() if os.environ.get(STANDIN_GPUS_ENV) else _nvidia_gpus()),
     )
+
+
+def _standin_gpus() -> list[Gpu]:
+    text = os.environ.get(STANDIN_GPUS_ENV, "")
+    if not text.isdigit() or int(text) < 1:
+        raise InputError(f"{STANDIN_GPUS_ENV}={text!r}: expected a number of stand-in GPUs, at least 1")
+    return [Gpu(name="stand-in GPU (test device)", arch=STANDIN_ARCH, driver="none")] * int(text)
 
 
 def _cpu_model() -> str:

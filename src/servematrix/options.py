@@ -28,6 +28,7 @@ from typing import Any
 from servematrix.backends.registry import CHOICES as BACKENDS
 from servematrix.cells import DEFAULT_MAX_CELLS
 from servematrix.errors import InputError
+from servematrix.hostinfo import STANDIN_GPUS_ENV
 from servematrix.plan import GITHUB_MAX_JOBS
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.stages import STAGES
@@ -478,6 +479,16 @@ OPTIONS: tuple[Option, ...] = (
         flags=("--trust-probe",),
         action="store_true",
         help="do not run GPU stages for cells the CPU probe predicts to fail (default: run them to check it)",
+        commands=("run",),
+    ),
+    Option(
+        flags=("--standin-gpus",),
+        type=int,
+        metavar="N",
+        help=f"a test device: run as if this host had N GPUs of any arch (default: {STANDIN_GPUS_ENV}, else the "
+        "GPUs nvidia-smi lists). Cells that need GPUs are served on the backend (the tests' fake server) and "
+        "packed onto the stand-ins; rows record the stand-ins as the host's GPUs",
+        check=at_least_one,
         commands=("run",),
     ),
     Option(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,34 +21,29 @@ from typing import Any
 from rich.console import Console
 
 from servematrix import hostinfo, ports, reuse, verdict
-from servematrix.backends import Backend, Built, LaunchSpec
-from servematrix.cells import Cell, Environment, server_command
-from servematrix.engines import Engine
+from servematrix.backends import Backend, Built
+from servematrix.cells import Cell, Environment
 from servematrix.engines.hooks import Hooks, PreflightInput, PreflightUnavailable
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.locking import default_lock_dir, resolve_request
-from servematrix.models import ModelBuildError, StackImportError, ensure_model
+from servematrix.models import ModelBuildError, StackImportError
+from servematrix.packing import Packed, jobs_to_pack, run_packed
 from servematrix.plan import Plan
 from servematrix.progress import RunProgress, print_summary, skip_message, wrap_free
 from servematrix.reaper import reap_orphans
-from servematrix.redact import (
-    fill_secrets,
-    masked_flags,
-    redact_argv,
-    spec_secret_flags,
-)
+from servematrix.redact import masked_flags, redact_argv, spec_secret_flags
 from servematrix.runplan import (  # re-exported: what a run will do is decided there
     RunOptions,
     Summary,
     check_inputs,
     gpu_ready,
     inputs_hash,
-    model_roots,
     reuse_for,
     unchanged,
 )
-from servematrix.stages import bench, build, importcheck, serve
+from servematrix.serving import CellServer, Served
+from servematrix.stages import build, importcheck
 from servematrix.stages.resolve import ResolveOutcome, resolve, resolve_cached
 from servematrix.store import Store
 from servematrix.store import now as store_now
@@ -73,20 +68,11 @@ def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console
     return summary
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Served:
-    """One server start of a cell: its verdict, benchmark and stage times."""
-
-    result: Verdict
-    metrics: dict[str, Any] | None
-    stage_seconds: dict[str, float]
-
-
 @dataclass
 class _Pending:
     cell: Cell
     prediction: Verdict | None
-    starts: list[_Served]
+    starts: list[Served]
 
 
 @dataclass
@@ -120,22 +106,27 @@ class _Runner:
     store: Store
     console: Console
     summary: Summary
-    _ceiling: bench.Ceiling | None = None  # the benchmark client's, measured on this host once per run
-    _ceiling_tried: bool = False
     _unavailable_said: set[tuple[str, str]] = field(default_factory=set)  # (pre-flight, reason) said this run
     host: dict[str, Any] = field(init=False)  # this host's facts, in every row
     _started: str = field(init=False)  # when the run began: a claim older than this is a dead run's
     _secret_flags: frozenset[str] = field(init=False)
     _progress: RunProgress = field(init=False)  # made by run(), once it knows how many cells it runs
+    _server: CellServer = field(init=False)  # serves a cell once (serving.py)
 
     def __post_init__(self) -> None:
         self.host = hostinfo.host().to_dict()
         self._started = store_now()
         self._secret_flags = spec_secret_flags(self.plan.spec)
-
-    @property
-    def _starts(self) -> int:
-        return self.plan.spec.file.bench.starts
+        self._server = CellServer(
+            plan=self.plan,
+            backend=self.backend,
+            options=self.options,
+            store=self.store,
+            console=self.console,
+            secret_flags=self._secret_flags,
+            stage=self._stage,
+            note=self._stage_note,
+        )
 
     @functools.cached_property
     def _hooks(self) -> Hooks:
@@ -144,11 +135,6 @@ class _Runner:
     @functools.cached_property
     def _reuse(self) -> reuse.Reuse:
         return reuse_for(self.plan, self.options)
-
-    @functools.cached_property
-    def _cpu_split(self) -> bench.CpuSplit | None:
-        wanted = self.plan.spec.file.bench.client_cpus
-        return bench.split_cpus(wanted) if wanted else None
 
     def run(self) -> None:
         spec = self.plan.spec
@@ -162,10 +148,13 @@ class _Runner:
         if self.summary.skipped_unchanged:
             wrap_free(self.console, skip_message(self.summary.skipped_unchanged))
         self._check_imports_ahead(todo)
+        packed = jobs_to_pack(self.plan, todo)
         self._progress = RunProgress(self.console, title=spec.path.name, total=total)
         with self._progress.shown():
             by_id = {c.id: c for c in self.plan.cells}
-            for cells in todo.values():
+            for env_id, cells in todo.items():
+                if env_id in packed:
+                    continue  # run below, at the same time as the others on this host's GPUs
                 state = _EnvState(env=cells[0].env)
                 for cell in cells:
                     self._claimed_cell(state, cell)
@@ -174,6 +163,7 @@ class _Runner:
                     self._progress.finished(cell, self.summary.verdicts.get(cell.id, "?"))
                 for cell_id in self._more_starts(state):
                     self._progress.finished(by_id[cell_id], self.summary.verdicts.get(cell_id, "?"))
+            packing = self._run_packed(packed) if packed else None
         if self.summary.skipped_owned:
             owners = sorted(set(self.summary.skipped_owned.values()))
             self.console.print(
@@ -181,6 +171,28 @@ class _Runner:
                 f"{', '.join(map(str, owners))}) was running them"
             )
         print_summary(self.console, self.options.run_id, {c.id: c for c in self.plan.cells}, self.summary.verdicts)
+        if packing is not None:
+            wrap_free(self.console, packing.line())
+
+    def _run_packed(self, envs: Mapping[str, Sequence[Cell]]) -> Packed:
+        """The environments that need this host's GPUs, packed onto them (packing.py). A cell whose job died
+        before deciding it is the harness's fault."""
+        packed = run_packed(
+            self.plan,
+            self.backend,
+            self.options,
+            envs,
+            store=self.store,
+            console=self.console,
+            finished=self._progress.finished,
+        )
+        self.summary.verdicts.update(packed.verdicts)
+        for env_id, why in packed.failed.items():
+            for cell in envs[env_id]:
+                if cell.id not in packed.verdicts:
+                    self._record(cell, _EnvState(env=cell.env), verdict.error("harness", excerpt=why))
+                    self._progress.finished(cell, self.summary.verdicts[cell.id])
+        return packed
 
     def _check_imports_ahead(self, todo: dict[str, list[Cell]]) -> None:
         """The import checks this run will need, each distinct current lock once and as many at once as the host
@@ -263,7 +275,7 @@ class _Runner:
         """The further server starts of the environment's served cells, interleaved across its modes
         (baseline, piecewise, baseline, piecewise, ...); a cell stops at its first start that does not pass.
         Returns the cells finished here."""
-        for _ in range(1, self._starts):
+        for _ in range(1, self._server.starts):
             for pending in state.pending.values():
                 if pending.starts[-1].result.kind == "pass":
                     pending.starts.append(self._start(state, pending.cell))
@@ -500,18 +512,18 @@ class _Runner:
 
     def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
         outcome = self._start(state, cell)
-        if self._starts > 1 and outcome.result.kind == "pass":
+        if self._server.starts > 1 and outcome.result.kind == "pass":
             # More starts of this cell follow, interleaved with the environment's other modes (run()).
             state.pending[cell.id] = _Pending(cell=cell, prediction=prediction, starts=[outcome])
             return
         self._finish_served(state, cell, [outcome], prediction)
 
-    def _start(self, state: _EnvState, cell: Cell) -> _Served:
+    def _start(self, state: _EnvState, cell: Cell) -> Served:
         """One server start of the cell; an exception is that start's verdict (`_guarded`)."""
-        served: list[_Served] = []
+        served: list[Served] = []
 
         def fault(result: Verdict) -> None:
-            served.append(_Served(result=result, metrics=None, stage_seconds=dict(state.stage_seconds)))
+            served.append(Served(result=result, metrics=None, stage_seconds=dict(state.stage_seconds)))
 
         self._guarded(cell, state, lambda: served.append(self._serve_once(state, cell)), fault)
         return served[0]
@@ -530,7 +542,7 @@ class _Runner:
         return verdict.error("model-build", excerpt=str(exc))
 
     def _finish_served(
-        self, state: _EnvState, cell: Cell, starts: Sequence[_Served], prediction: Verdict | None
+        self, state: _EnvState, cell: Cell, starts: Sequence[Served], prediction: Verdict | None
     ) -> None:
         """The cell's verdict over all its server starts: the first that did not pass, else a pass; the
         benchmark figures pooled over the starts."""
@@ -539,16 +551,14 @@ class _Runner:
         chosen = starts[failed_start if failed_start is not None else 0]
         result = chosen.result
         evidence = [*result.evidence, *state.built.notes]
-        if len(starts) > 1 or self._starts > 1:
+        if len(starts) > 1 or self._server.starts > 1:
             where = f", failed at start {failed_start + 1}" if failed_start is not None else ""
             evidence.append(f"server starts: {len(starts)}, interleaved with the other modes{where}")
         if prediction is not None:
             # The GPU run checks the CPU prediction; the report tells predictions from observations.
             confirmed = result.kind == "fail" and result.detail == prediction.detail
             evidence.append(f"predicted {prediction.detail}: {'confirmed' if confirmed else 'contradicted'}")
-        metrics = bench.pool_starts([s.metrics for s in starts if s.metrics is not None])
-        if metrics is not None and self._ceiling is not None:
-            metrics["client_ceiling"] = self._ceiling.to_dict()
+        metrics = self._server.pooled_metrics(list(starts))
         self.store.finish(
             self.options.run_id,
             cell.id,
@@ -560,139 +570,20 @@ class _Runner:
         )
         self.summary.verdicts[cell.id] = str(result)
 
-    def _serve_once(self, state: _EnvState, cell: Cell) -> _Served:
+    def _serve_once(self, state: _EnvState, cell: Cell) -> Served:
         """Start the cell's server, wait for it, benchmark it, stop it. A fault raises (see `_start`)."""
-        spec = self.plan.spec
         assert state.built is not None
-        model_dir = self._model_dir(state)
-        model = self.backend.model_location(model_dir) if model_dir else spec.file.model.path
-        run_id = self.options.run_id
         start = len(state.pending[cell.id].starts) if cell.id in state.pending else 0
-        log_path = self.options.workdir / "logs" / run_id / f"{cell.id}{f'.start{start + 1}' if start else ''}.log"
-        port = ports.pick_port(spec.engine.port_offsets(cell.env.version), host="127.0.0.1")
-        planned = build_argv(self.plan, cell, model=model, port=port, host=self.backend.bind_host)
-        # `***` values of secret flags come from the environment (check_inputs made sure they are set).
-        argv = fill_secrets(planned, self._secret_flags, os.environ)
-        workdir = self.options.workdir.resolve()
-        env_vars = {k: v.format(workdir=workdir) for k, v in cell.server_env.items()}
-        for directory in spec.engine.prepare.directories:
-            Path(directory.format(workdir=workdir)).mkdir(parents=True, exist_ok=True)
-        launch = self.backend.launch(state.built, argv, env_vars, port, model_dir=model_dir)
-        if self._cpu_split is not None and launch.owns_listener:
-            # The server on its CPUs, the benchmark client on the others: they must not compete.
-            launch = LaunchSpec(argv=tuple(self._cpu_split.pin_server(launch.argv)), env=launch.env, owns_listener=True)
-        timeout = spec.file.server.ready_timeout_s or spec.engine.readiness.timeout_s
-        # The claimed row gets what resolve and build have learnt since (lock, image) and the argv that runs.
-        known = {k: v for k, v in self._row(cell, state, argv).items() if k not in ("run_id", "cell_id")}
-        self.store.update(run_id, cell.id, **known, log_path=str(log_path), harness_pid=os.getpid())
-
-        def started(pid: int, pgid: int) -> None:
-            self.store.update(run_id, cell.id, server_pid=pid, server_pgid=pgid)
-
-        stage_seconds = dict(state.stage_seconds)
-        metrics: dict[str, Any] | None = None
-        try:
-            self._stage(cell, f"serve{f' (start {start + 1})' if self._starts > 1 else ''}")
-            with serve.Server(
-                launch,
-                engine=spec.engine.name,
-                port=port,
-                log_path=log_path,
-                readiness=spec.engine.readiness,
-                timeout_s=timeout,
-                on_started=started,
-                secret_flags=self._secret_flags,
-                public_env=spec.engine.public_env,
-                passed_env=tuple(env_vars),
-            ) as server:
-                ready = server.wait_ready()
-                stage_seconds["serve"] = round(ready.seconds, 3)
-                if ready.after_ready_line_s is not None:
-                    stage_seconds["ready_after_log_line"] = round(ready.after_ready_line_s, 3)
-                if not ready.ok:
-                    assert ready.verdict is not None
-                    result = ready.verdict
-                elif self._wants("bench"):
-                    self._stage(cell, "bench")
-                    started_bench = time.monotonic()
-                    result, metrics = self._bench(server, model, budget_s=cell.env.gpu.timeout_minutes * 60)
-                    stage_seconds["bench"] = round(time.monotonic() - started_bench, 3)
-                else:
-                    result = verdict.passed()
-                if result.kind == "pass":
-                    result = mode_check(spec.engine, cell, log_path)
-        finally:
-            # Killing a `podman run` client only forwards SIGTERM: a hung server would keep its container
-            # (and GPUs). Backends that own such resources remove them here.
-            self.backend.stop(launch)
-        # The harness picked the port: if another process took it first, that is the harness's fault.
-        return _Served(
-            result=verdict.served(result, harness_picked_port=True), metrics=metrics, stage_seconds=stage_seconds
+        return self._server.serve_once(
+            cell,
+            state.built,
+            start=start,
+            stage_seconds=state.stage_seconds,
+            row=lambda argv: self._row(cell, state, argv),
         )
-
-    def _bench(self, server: serve.Server, model: str, *, budget_s: float) -> tuple[Verdict, dict[str, Any] | None]:
-        file = self.plan.spec.file
-        smoke = bench.smoke_check_sync(server.base_url, model, api=file.bench.api)
-        doomed = server.check()
-        if doomed is not None:
-            return doomed, None
-        if not smoke.ok:
-            return verdict.failed("smoke", excerpt=smoke.reason), None
-        workloads = self._workloads()
-        if self._ceiling is None and not self._ceiling_tried:
-            self._ceiling_tried = True
-            self._stage_note("measuring the benchmark client's ceiling on this host (fake server)")
-            try:
-                self._ceiling = bench.measure_ceiling(
-                    workloads[-1], server_cpus=self._cpu_split.server if self._cpu_split else ()
-                )
-            except (RuntimeError, OSError) as exc:
-                self.console.print(f"[yellow]the client's ceiling could not be measured: {exc}[/]")
-        with bench.cell_budget(budget_s):  # a server that hangs mid-bench costs at most its GPU kind's job limit
-            reports = [bench.run_workload_sync(server.base_url, model, w, ceiling=self._ceiling) for w in workloads]
-        # The decode profile's report is the record; another profile's is stored inside it, under its name.
-        metrics = reports[-1].to_dict()
-        metrics.update({r.workload.profile: r.to_dict() for r in reports[:-1]})
-        doomed = server.check()
-        if doomed is not None:
-            return doomed, metrics
-        errors = sum(r.error_count for r in reports)
-        if errors:
-            return verdict.failed("bench-errors", excerpt=f"{errors} request(s) failed"), metrics
-        return verdict.passed(), metrics
-
-    def _workloads(self) -> tuple[bench.Workload, ...]:
-        """What each served cell runs, the decode profile last: first the prefill profile, when a mode of the
-        matrix changes prefill (every cell runs it, the baseline included, so the modes can be compared)."""
-        spec = self.plan.spec
-        settings = spec.file.bench.model_dump()
-        given = {
-            "ignore_eos": spec.engine.supports_ignore_eos,
-            "client_cpus": self._cpu_split.client if self._cpu_split else (),
-        }
-        decode = bench.Workload.from_settings(settings, profile="decode", **given)
-        if not any(spec.engine.phase_of(mode) == "prefill" for mode in spec.file.axes.get("mode", ())):
-            return (decode,)
-        prefill = bench.Workload.from_settings({**settings, **settings["prefill"]}, profile="prefill", **given)
-        return (prefill, decode)
 
     def _stage_note(self, text: str) -> None:
         print(f"servematrix: {text}", file=self.console.file, flush=True)
-
-    def _model_dir(self, state: _EnvState) -> Path | None:
-        """A model servematrix builds (``model.build``), built once with the environment's interpreter."""
-        model = self.plan.spec.file.model
-        if not model.build:
-            return None
-        built = state.built
-        assert built is not None
-        return ensure_model(
-            Path(model.path),
-            builder=model.build,
-            engine=self.plan.spec.engine,
-            python=lambda visible: self.backend.python(built, visible=visible),
-            roots=model_roots(self.options),
-        )
 
 
 def cell_row(
@@ -730,39 +621,3 @@ def cell_row(
         "image_digest": built.image_digest if built else None,
         "backend": backend,
     }
-
-
-def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:
-    """A served cell passes only if its log proves the mode ran as asked (engine data: `mode_evidence`)."""
-    rule = engine.evidence_for(cell.mode, cell.env.version)
-    if rule is None:
-        return verdict.passed()
-    lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if log_path.is_file() else []
-    proof: list[str] = []  # the first applied line decides (it names the backend where the release says it)
-    for wanted in rule.applied:
-        found = next((line for line in lines if wanted in line), None)
-        if found is None:
-            return verdict.failed(
-                "mode-not-applied",
-                excerpt=f"no {wanted!r} line in the server log: {engine.name} {cell.env.version} did not run "
-                f"{cell.mode} as asked",
-            )
-        proof.append(found)
-    for unwanted in rule.absent:
-        found = next((line for line in lines if unwanted in line), None)
-        if found is not None:
-            return verdict.failed(
-                "mode-not-applied",
-                excerpt=f"{cell.mode} cell, yet the server log says: {found.strip()[:300]}",
-            )
-    if proof:
-        evidence = f"{cell.mode} applied: {proof[0].strip()[:300]}"
-    else:
-        evidence = f"{cell.mode}: no {' or '.join(repr(u) for u in rule.absent)} line in the server log"
-    return Verdict(kind="pass", evidence=(evidence,))
-
-
-def build_argv(plan: Plan, cell: Cell, *, model: str, port: int, host: str) -> tuple[str, ...]:
-    """The cell's planned argv, with the run's real model location, port and bind address."""
-    flags = plan.spec.engine.mode_flags_for(cell.mode, cell.env.version)
-    return server_command(plan.spec, cell.env, flags.args, port=port, model=model, host=host)

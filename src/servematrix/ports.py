@@ -2,14 +2,26 @@
 
 sglang derives a gRPC port as --port + 10000 and refuses to start when that passes 65535; a port from the
 whole ephemeral range fails that about one time in five, and the failure would be blamed on the stack. The
-offsets are engine data (`derived_ports` in data/engines/*.toml).
+offsets are engine data (`derived_ports` in data/engines/*.toml, and the ports a tensor-parallel server's
+ranks use).
+
+A port is free when it is picked, but its server binds it only seconds later: servers packed on one host at
+once (`packing.py`) could pick the same one. `reserved_port` holds the port and its derived ports for the
+whole start, against every harness of this user on the host, with one file per port (created exclusively,
+naming the harness's pid; a dead harness's files are taken over).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import socket
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import psutil
 
 MAX_PORT = 65535
 LOWEST = 20000  # above the usual service ports; below the ephemeral range the kernel hands out
@@ -47,3 +59,70 @@ def pick_port(offsets: Iterable[int] = (), host: str = "127.0.0.1", *, rng: rand
         if usable(port, offsets, host):
             return port
     raise NoPortError(f"no free port in {LOWEST}-{highest} with free ports at offsets {offsets} after {ATTEMPTS} tries")
+
+
+def reservations_dir() -> Path:
+    """Where this user's harnesses hold their ports: beside the system's temporary files, shared by all of them."""
+    return Path(tempfile.gettempdir()) / f"servematrix-ports-{os.getuid()}"
+
+
+@contextlib.contextmanager
+def reserved_port(offsets: Iterable[int] = (), host: str = "127.0.0.1", *, folder: Path | None = None) -> Iterator[int]:
+    """`pick_port`, held with every derived port until the block ends: no other harness of this user on the
+    host picks any of them meanwhile. A folder that cannot be written holds nothing (the pick still checks)."""
+    offsets = tuple(offsets)
+    folder = folder or reservations_dir()
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        yield pick_port(offsets, host)
+        return
+    for _ in range(ATTEMPTS):
+        port = pick_port(offsets, host)
+        held = _hold(folder, [port, *(port + o for o in offsets)])
+        if held is None:
+            continue
+        try:
+            yield port
+        finally:
+            for path in held:
+                path.unlink(missing_ok=True)
+        return
+    raise NoPortError(f"no port with free ports at offsets {offsets} could be held in {folder} after {ATTEMPTS} tries")
+
+
+def _hold(folder: Path, wanted: list[int]) -> list[Path] | None:
+    """A file for each port, all or none; None if another live harness holds one of them."""
+    held: list[Path] = []
+    for port in dict.fromkeys(wanted):
+        path = folder / str(port)
+        if not _create(path) and not (_holder_gone(path) and _create(path)):
+            for mine in held:
+                mine.unlink(missing_ok=True)
+            return None
+        held.append(path)
+    return held
+
+
+def _create(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as handle:
+        handle.write(str(os.getpid()))
+    return True
+
+
+def _holder_gone(path: Path) -> bool:
+    """A reservation whose harness no longer runs is removed (it was killed before it could remove it)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    if not text.strip().isdigit():
+        return False  # being written: its holder is alive
+    if psutil.pid_exists(int(text)):
+        return False
+    path.unlink(missing_ok=True)
+    return True

@@ -65,6 +65,9 @@ class GpuKind(_Strict):
     timeout_minutes: int = Field(default=120, gt=0)
     args: list[str] = []
     env: dict[str, str] = {}
+    # One server rank per GPU of the kind, with the engine's tensor-parallel args (engine data
+    # `tensor_parallel`: the size from `count`, and the ports its ranks use, checked valid and free).
+    tensor_parallel: bool = False
     container: ContainerOptions = ContainerOptions()
 
 
@@ -195,6 +198,7 @@ def load_spec(path: Path | str) -> Spec:
     _check_axes(source, file, engine)
     _check_bench(source, file, engine)
     _check_arguments(source, file)
+    _check_tensor_parallel(source, file, engine)
     exclude = tuple(_rule(source, ("exclude", i), r, file, engine) for i, r in enumerate(file.exclude))
     include = tuple(_rule(source, ("include", i), r, file, engine) for i, r in enumerate(file.include))
     _check_includes(source, include, engine)
@@ -230,6 +234,20 @@ def _check_bench(source: TomlSource, file: SpecFile, engine: Engine) -> None:
             if level in seen:
                 raise source.error((*where, "concurrency", index), f"concurrency {level} is listed twice")
             seen[level] = index
+
+
+def _check_tensor_parallel(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    """A kind that asks for tensor parallelism needs the engine's data to say how, for every version."""
+    for name, kind in file.gpu.items():
+        if not kind.tensor_parallel or kind.count < 2:
+            continue
+        for version in file.axes.get(engine.version_axis, []):
+            if engine.tensor_parallel_for(version) is None:
+                raise source.error(
+                    ("gpu", name, "tensor_parallel"),
+                    f"engine {engine.name} {version} does not say how to serve tensor-parallel (its data has no "
+                    "[[tensor_parallel]] row for this version)",
+                )
 
 
 def _engine(source: TomlSource, file: SpecFile) -> Engine:

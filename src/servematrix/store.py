@@ -72,6 +72,23 @@ CREATE TABLE IF NOT EXISTS cell_runs (
 );
 CREATE INDEX IF NOT EXISTS cell_runs_by_cell ON cell_runs (cell_id, status);
 """
+# The jobs of a packed run (packing.py): an environment's cells on a set of GPUs, from when to when. The report
+# states the run's makespan against its lower bound from them. Not merged: they describe one host's run.
+PACKED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS packed_jobs (
+    run_id      TEXT NOT NULL,
+    env_id      TEXT NOT NULL,
+    host_gpus   INTEGER NOT NULL,  -- the GPUs the run packed onto
+    gpus        TEXT NOT NULL,     -- JSON list: this job's GPUs
+    cpus        TEXT NOT NULL,     -- JSON list: this job's CPUs
+    cells       INTEGER NOT NULL,
+    estimate_s  REAL,              -- what the schedule expected it to take
+    start_s     REAL NOT NULL,     -- seconds since the pack began
+    end_s       REAL,              -- NULL while it runs
+    PRIMARY KEY (run_id, env_id)
+);
+"""
+PACKED_COLUMNS = ("run_id", "env_id", "host_gpus", "gpus", "cpus", "cells", "estimate_s", "start_s", "end_s")
 
 COLUMNS = (
     "run_id",
@@ -333,7 +350,7 @@ class Store:
             raise InputError(f"{self.path}: the store is read-only (servematrix writes to it and beside it)")
         self._use_wal()
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        self._db.executescript(SCHEMA + PACKED_SCHEMA)
         self._add_missing_columns()
 
     def _use_wal(self) -> None:
@@ -453,6 +470,30 @@ class Store:
             (cell_id, inputs_hash),
         )
         return rows[0] if rows else None
+
+    def record_packed_job(self, **values: Any) -> None:
+        """A job of a packed run, written when it starts and again when it ends (`PACKED_SCHEMA`)."""
+        encoded = {k: json.dumps(list(v)) if k in ("gpus", "cpus") else v for k, v in values.items()}
+        names = ", ".join(encoded)
+        with self._transaction() as db:
+            db.execute(
+                f"INSERT OR REPLACE INTO packed_jobs ({names}) VALUES ({', '.join('?' for _ in encoded)})",
+                tuple(encoded.values()),
+            )
+
+    def packed_jobs(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """The jobs of every packed run (or of one), in the order they started; none in a store that never
+        packed (or one written before packing existed)."""
+        if "packed_jobs" not in _tables(self._db):
+            return []
+        where, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
+        cursor = self._db.execute(
+            f"SELECT {', '.join(PACKED_COLUMNS)} FROM packed_jobs {where} ORDER BY run_id, start_s", params
+        )
+        jobs = [dict(zip(PACKED_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+        for job in jobs:
+            job["gpus"], job["cpus"] = json.loads(job["gpus"]), json.loads(job["cpus"])
+        return jobs
 
     def running(self) -> list[Row]:
         """Rows left `running` by a harness that died: their server groups may still be alive."""

@@ -1,6 +1,7 @@
 """A FAKE backend for pipeline tests: `build` makes nothing, `launch` runs tests/fakes/fake_crashing_server.py
-on the port the harness picked, whatever engine argv it is given. It lets the real pipeline, store and serve
-stage run end to end in a second, with faults on demand."""
+on the port the harness picked, whatever engine argv it is given (or, given `server`, that script with the
+engine's argv: tests/fakes/fake_multi_gpu_server.py). It lets the real pipeline, store and serve stage run
+end to end in a second, with faults on demand."""
 
 from __future__ import annotations
 
@@ -51,14 +52,21 @@ class FakeBackend(HostProcesses):
         build_log: str | None = None,
         build_raises: bool = False,
         launches: Path | None = None,
+        builds: Path | None = None,
+        server: Path | None = None,
     ) -> None:
         self.root = root
         self.server_args = tuple(server_args)
         self.build_log = build_log  # a failed build that printed this
         self.build_raises = build_raises
         self.launches = launches  # a JSON line per launch: the argv and env the harness asked for
+        self.builds = builds  # a line per build: the environment's id
+        self.server = server  # a script run with the engine's argv (less its program), instead of FAKE_SERVER
 
     def build(self, request: BuildInput, log_path: Path) -> Built:
+        if self.builds is not None:
+            with self.builds.open("a") as out:
+                out.write(request.env_id + "\n")
         if self.build_raises:
             raise RuntimeError("the fake backend fell over")
         if self.build_log is not None:
@@ -76,6 +84,10 @@ class FakeBackend(HostProcesses):
         if self.launches is not None:
             with self.launches.open("a") as out:
                 out.write(json.dumps({"argv": list(argv), "env": dict(env), "pid": os.getpid()}) + "\n")
+        if self.server is not None:
+            return LaunchSpec(
+                argv=(sys.executable, str(self.server), *argv[1:]), env={**os.environ, **env}, owns_listener=True
+            )
         return LaunchSpec(
             argv=(sys.executable, str(FAKE_SERVER), "--port", str(port), *self.server_args),
             env={**os.environ, **env},

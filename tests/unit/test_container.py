@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from servematrix.backends import BuildInput, Built, LaunchSpec
+from servematrix.backends import BuildInput, Built, LaunchSpec, container
 from servematrix.backends.container import (
     DEFAULT_BASE,
     ContainerBackend,
@@ -458,3 +458,31 @@ def test_base_image_problem_asks_the_real_engine(tmp_path):
 
     why = base_image_problem("podman", "localhost/servematrix-no-such-base:never")
     assert why is not None and why.startswith("cannot pull localhost/servematrix-no-such-base:never")
+
+
+def test_the_gpus_a_packed_job_was_given_replace_the_kinds_gpu_devices(tmp_path, write_matrix, monkeypatch):
+    """A packed job runs with CUDA_VISIBLE_DEVICES naming its GPUs: its container gets those alone (and sees
+    them as 0..k-1), even where the kind names all GPUs; a CPU kind still gets none."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    plan = make_plan(write_matrix(SMALL_SGLANG))
+    targets = targets_from_plan(plan)
+    env_id = plan.cells[0].env_id
+    podman = ContainerBackend("podman", tmp_path, targets=targets).gpu_options(env_id)
+    assert podman == ["--device", "nvidia.com/gpu=2", "--device", "nvidia.com/gpu=3"]
+    assert ContainerBackend("docker", tmp_path, targets=targets).gpu_options(env_id) == ["--gpus", '"device=2,3"']
+    glm5, env = _glm5("b200")  # podman_devices = ["nvidia.com/gpu=all"] in the matrix
+    options = ContainerBackend("podman", tmp_path, targets=targets_from_plan(glm5)).gpu_options(env.env_id)
+    assert options[:4] == ["--device", "nvidia.com/gpu=2", "--device", "nvidia.com/gpu=3"]
+    assert "nvidia.com/gpu=all" not in options and "--shm-size" in options
+    smoke = make_plan(MATRIX / "cpu-smoke.toml")
+    assert (
+        ContainerBackend("podman", tmp_path, targets=targets_from_plan(smoke)).gpu_options(smoke.cells[0].env_id) == []
+    )
+
+
+def test_a_harness_pinned_to_some_cpus_pins_its_containers_to_them(monkeypatch):
+    monkeypatch.setattr(container.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(container.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})
+    assert container.cpuset_options() == ["--cpuset-cpus", "4,5,6,7"]
+    monkeypatch.setattr(container.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert container.cpuset_options() == []

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from servematrix.engines import load_engine
-from servematrix.pipeline import mode_check
 from servematrix.plan import make_plan
+from servematrix.serving import mode_check
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 SGLANG = load_engine("sglang")

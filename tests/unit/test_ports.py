@@ -3,6 +3,7 @@ enforces sglang 0.5.12's gRPC rule (port + 10000 <= 65535, and free)."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import subprocess
@@ -72,3 +73,43 @@ def test_twenty_ports_picked_for_sglang_all_start_the_fake():
     for _ in range(20):
         code, stderr = _serve(ports.pick_port(offsets))
         assert code == 0, stderr
+
+
+def test_a_reserved_port_and_its_derived_ports_are_held_against_another_harness(tmp_path):
+    """Two servers packed on one host pick their ports seconds before they bind them: a held port, and every
+    port derived from it, is never picked by another harness meanwhile."""
+    offsets = (1, 10000)
+    with ports.reserved_port(offsets, folder=tmp_path) as first:
+        held = {first + o for o in (0, *offsets)}
+        assert {int(p.name) for p in tmp_path.iterdir()} == held
+        assert all(int(p.read_text()) == os.getpid() for p in tmp_path.iterdir())
+        # Another harness (a child process) sees these held, and picks ports none of which are held.
+        code = (
+            "import sys; from pathlib import Path; from servematrix import ports\n"
+            f"with ports.reserved_port({offsets!r}, folder=Path({str(tmp_path)!r})) as p:\n"
+            "    print(p)\n"
+        )
+        for _ in range(20):
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            second = int(out)
+            assert not {second + o for o in (0, *offsets)} & held
+            assert all(1 <= second + o <= ports.MAX_PORT for o in (0, *offsets))
+    assert not list(tmp_path.iterdir())  # released when the server is gone
+
+
+def test_a_dead_harnesss_reservation_is_taken_over(tmp_path, monkeypatch):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "23456").write_text(str(dead.pid))
+    monkeypatch.setattr(ports, "pick_port", lambda offsets=(), host="127.0.0.1", **_: 23456)
+    with ports.reserved_port((), folder=tmp_path) as port:
+        assert port == 23456 and (tmp_path / "23456").read_text() == str(os.getpid())
+
+
+def test_a_port_a_live_harness_holds_is_not_taken(tmp_path, monkeypatch):
+    (tmp_path / "23456").write_text(str(os.getppid()))  # alive: the process that runs the tests
+    picks = iter([23456, 23458])
+    monkeypatch.setattr(ports, "pick_port", lambda offsets=(), host="127.0.0.1", **_: next(picks))
+    with ports.reserved_port((), folder=tmp_path) as port:
+        assert port == 23458
+    assert (tmp_path / "23456").read_text() == str(os.getppid())

@@ -71,6 +71,21 @@ class EnvTarget:
     cuda: str | None = None  # the cuda axis, for the default base image
 
 
+def _given_gpus() -> list[str] | None:
+    """The GPU indices in CUDA_VISIBLE_DEVICES, or None when it is unset or names GPUs otherwise (UUIDs)."""
+    given = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    return given if given and all(part.isdigit() for part in given) else None
+
+
+def cpuset_options() -> list[str]:
+    """`--cpuset-cpus` with this harness's CPUs when it may use only some of the host's (a packed run's job):
+    a container's processes are not the harness's children, so they do not inherit its affinity."""
+    mine = os.sched_getaffinity(0)
+    if len(mine) >= (os.cpu_count() or 0):
+        return []
+    return ["--cpuset-cpus", ",".join(str(cpu) for cpu in sorted(mine))]
+
+
 def targets_from_plan(plan: Any) -> dict[str, EnvTarget]:
     """env_id -> EnvTarget for every environment of a plan (servematrix.plan.Plan)."""
     targets: dict[str, EnvTarget] = {}
@@ -246,19 +261,26 @@ class ContainerBackend:
         return f"{MODELS_MOUNT}/{model_dir.name}"
 
     def gpu_options(self, env_id: str) -> list[str]:
-        """The GPU kind's runtime options, as data from the matrix ([gpu.X.container])."""
+        """The GPU kind's runtime options, as data from the matrix ([gpu.X.container]). The GPUs this harness
+        was given (CUDA_VISIBLE_DEVICES: a packed run's job, or the runner's own) replace its GPU devices: the
+        container gets those GPUs alone, and sees them as 0..k-1."""
         kind = self.target(env_id).gpu
         if kind is None:
             return []
         options = kind.container
         wants_gpus = kind.arch != "cpu" and kind.count > 0
+        given = _given_gpus() if wants_gpus else None
         argv: list[str] = []
         if self.tool == "podman":
             devices = options.podman_devices or (list(DEFAULT_PODMAN_DEVICES) if wants_gpus else [])
+            if given is not None:
+                devices = [f"nvidia.com/gpu={index}" for index in given]
             for device in devices:
                 argv += ["--device", device]
         else:
             gpus = options.docker_gpus or (DEFAULT_DOCKER_GPUS if wants_gpus else None)
+            if given is not None:
+                gpus = f'"device={",".join(given)}"'  # the quotes are docker's: a list inside its CSV syntax
             if gpus:
                 argv += ["--gpus", gpus]
         if options.shm_size:
@@ -283,6 +305,7 @@ class ContainerBackend:
         if model_dir is not None:
             command += ["--volume", f"{model_dir}:{self.model_location(model_dir)}:ro"]
         command += self.gpu_options(built.env_id)
+        command += cpuset_options()
         command += _env_directory_mounts(env, taken=_mount_destinations(command))
         # `--env NAME` without a value: the client passes its own value through, so no secret of the
         # server's environment appears in an argv, a process list or the store.

@@ -73,6 +73,27 @@ class DerivedPorts(_Ranged):
     source: str = ""
 
 
+class TensorParallel(_Ranged):
+    """How a server spreads over a GPU kind of several GPUs that asks for it (`tensor_parallel = true`), one
+    rank per GPU: the args it adds, where `{gpus}` is the kind's count and `{port+N}` a port N above --port
+    (one the ranks use: the harness checks it valid and free with --port, as a derived port)."""
+
+    args: tuple[str, ...]
+    source: str = ""
+
+    def port_offsets(self) -> tuple[int, ...]:
+        return tuple(int(n) for arg in self.args for n in _PORT_ABOVE.findall(arg))
+
+    def formatted(self, gpus: int, port: int) -> tuple[str, ...]:
+        return tuple(
+            _PORT_ABOVE.sub(lambda m: str(port + int(m.group(1))), arg).replace("{gpus}", str(gpus))
+            for arg in self.args
+        )
+
+
+_PORT_ABOVE = re.compile(r"\{port\+(\d+)\}")
+
+
 class ModeEvidence(_Ranged):
     """Log lines that prove a mode really ran (`applied`) or really did not (`not_applied`): an engine may
     silently switch a feature off, and a cell must not pass under a mode it did not run."""
@@ -184,6 +205,7 @@ class Engine(DataTable):
     bench_apis: tuple[Literal["chat", "completions", "generate"], ...] = ("chat", "completions")
     derived_ports: tuple[DerivedPorts, ...] = ()
     images: tuple[ImageRow, ...] = ()  # its published images, by version range (`--backend image`)
+    tensor_parallel: tuple[TensorParallel, ...] = ()
     mode_evidence: tuple[ModeEvidence, ...] = ()
     # Flags whose value is a credential: masked as `***` in every stored, printed or published argv.
     secret_flags: tuple[str, ...] = ()
@@ -229,10 +251,25 @@ class Engine(DataTable):
             out.append(renames.get(flag, flag) + eq + value if flag in renames else arg)
         return tuple(out)
 
-    def port_offsets(self, version: str) -> tuple[int, ...]:
-        """Offsets from --port of every port this version derives from it."""
+    def port_offsets(self, version: str, *, ranks: int = 1) -> tuple[int, ...]:
+        """Offsets from --port of every port this version derives from it, with those its ranks use when a
+        server has several (tensor parallelism)."""
         parsed = Version(version)
-        return tuple(sorted({o for row in self.derived_ports if row.contains(parsed) for o in row.offsets}))
+        offsets = {o for row in self.derived_ports if row.contains(parsed) for o in row.offsets}
+        tensor_parallel = self.tensor_parallel_for(version) if ranks > 1 else None
+        if tensor_parallel is not None:
+            offsets.update(tensor_parallel.port_offsets())
+        return tuple(sorted(offsets))
+
+    def tensor_parallel_for(self, version: str) -> TensorParallel | None:
+        parsed = Version(version)
+        return next((row for row in self.tensor_parallel if row.contains(parsed)), None)
+
+    def tensor_parallel_args(self, version: str, *, gpus: int, port: int) -> tuple[str, ...]:
+        """What a tensor-parallel server on `gpus` GPUs adds to its argv; nothing on one GPU (one rank is the
+        default of every engine), so a single-GPU cell keeps its argv."""
+        row = self.tensor_parallel_for(version) if gpus > 1 else None
+        return row.formatted(gpus, port) if row is not None else ()
 
     def phase_of(self, mode: str) -> str:
         return self.phases.get(mode, "decode")

@@ -45,6 +45,7 @@ class Extras:
     plots: Mapping[str, Sequence[tuple[str, str]]] = field(default_factory=dict)  # matrix -> (title, link)
     html: str | None = None  # the HTML page, relative to the markdown file
     baseline: str | None = None  # what regressions were checked against, as shown to readers
+    packing: Sequence[str] = ()  # a line per packed run of the store: its makespan against its lower bound
 
     def regressed(self, cell_id: str) -> list[Regression]:
         return [r for r in self.regressions if r.cell_id == cell_id]
@@ -157,6 +158,11 @@ def render(rows: Sequence[Row], title: str = "Compatibility", extras: Extras = N
         out.append("No results yet: run `nox -s matrix` first.\n")
         return "".join(out) if not extras.html else "\n".join(out)
     out.append(_regressions(extras))
+    if extras.packing:
+        runs = "\n".join(f"- {text(line)}" for line in extras.packing)
+        out.append(
+            f"Packed runs (cells at once on disjoint GPUs of one host; the makespan against its lower bound):\n\n{runs}\n"
+        )
     from servematrix.report.recommend import render_markdown  # it reads this module's tok_s
 
     out.append(render_markdown(rows))

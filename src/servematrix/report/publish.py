@@ -35,6 +35,7 @@ from servematrix.engines import check_registered
 from servematrix.errors import InputError
 from servematrix.report import owned
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
+from servematrix.schedule import makespan_line, stored_spans
 from servematrix.store import Row, Store
 from servematrix.util import DEFAULT_WORKDIR
 from servematrix.verdict import observed, unserved
@@ -63,11 +64,28 @@ def store_rows(path: Path) -> list[Row]:
     return rows
 
 
+def store_packing(path: Path, runs: int = 3) -> list[str]:
+    """The newest packed runs of a store (read only), a line each: the makespan against its lower bound."""
+    with Store(path, read_only=True) as store:
+        jobs = store.packed_jobs()
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs:
+        by_run.setdefault(job["run_id"], []).append(job)
+    newest = sorted(by_run, reverse=True)[:runs]  # run ids begin with their start time
+    return [f"run {run}: {makespan_line(stored_spans(by_run[run]), by_run[run][0]['host_gpus'])}" for run in newest]
+
+
 _OWN_FOLDERS = ("plots", "failures")
 
 
 def write_report(
-    rows: Sequence[Row], out_dir: Path, *, baseline: Path | None, write_record: bool, markdown_name: str
+    rows: Sequence[Row],
+    out_dir: Path,
+    *,
+    baseline: Path | None,
+    write_record: bool,
+    markdown_name: str,
+    packing: Sequence[str] = (),
 ) -> Any:
     """`site.build_report` into `out_dir`, all of it or nothing: built in a staging folder, then moved."""
     from servematrix.report.site import build_report
@@ -93,6 +111,7 @@ def write_report(
             write_record=write_record,
             markdown_name=markdown_name,
             shown_from=out_dir,
+            packing=packing,
         )
         files = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file() and p.name != owned.MANIFEST)
         for folder in sorted({out_dir / f.parent for f in files}):

@@ -86,6 +86,7 @@ def build_report(
     title: str = "Compatibility",
     markdown_name: str = MARKDOWN_NAME,
     shown_from: Path | None = None,
+    packing: Sequence[str] = (),
 ) -> ReportResult:
     """Write the report for `rows` under `out_dir`, comparing with the published record at `baseline`.
 
@@ -111,6 +112,7 @@ def build_report(
         },
         html=HTML_NAME,
         baseline=shown_baseline,
+        packing=packing,
     )
     md_path = markdown.write(rows, out_dir / markdown_name, title, extras)
     html_path = atomic_write(

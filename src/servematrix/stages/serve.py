@@ -114,8 +114,12 @@ class Server:
             target=_pump, args=(self.process.stdout, self.log_path, self._redactor), name="server-log", daemon=True
         )
         self._pump.start()
-        if self.on_started:
-            self.on_started(self.process.pid, os.getpgid(self.process.pid))
+        try:
+            if self.on_started:
+                self.on_started(self.process.pid, os.getpgid(self.process.pid))
+        except BaseException:  # SIGTERM while its pid is stored: `with` calls no __exit__ when __enter__ raises
+            self.stop()
+            raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
