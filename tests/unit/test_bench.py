@@ -302,3 +302,21 @@ def test_a_workload_takes_every_bench_setting_of_the_matrix_by_name():
         api="completions", temperature=0.5, min_level_s=2.0, client_processes=4, ignore_eos=True,
         client_cpus=(6, 7),
     )  # fmt: skip
+
+
+def test_a_workload_over_sglang_generate_against_the_fake_counts_every_token():
+    # the fake server speaks sglang 0.5.12's /generate stream format (stages/bench_fake.py)
+    from servematrix.stages import bench
+    from servematrix.stages.bench_fake import FakeBehavior, FakeOpenAIServer
+
+    with FakeOpenAIServer(FakeBehavior()) as srv:
+        workload = bench.Workload(
+            concurrency=(1, 4), input_len=8, output_len=12, prompts_per_concurrency=8, warmup=1, repeats=2,
+            api="generate", ignore_eos=True,
+        )  # fmt: skip
+        report = bench.run_workload_sync(srv.base_url, "fake", workload)
+        assert all(e.path == "/generate" for e in srv.log)
+    for level in report.levels:
+        for run in level.runs:
+            assert (run.completed, run.error_count, run.completion_tokens) == (8, 0, 96)
+            assert run.ttft.count == 8 and run.itl.count == 8 * 11

@@ -18,6 +18,7 @@ from servematrix.stages.bench_worker import (
     event_has_content,
     format_cpus,
     parse_cpus,
+    requested_tokens,
 )
 
 # ------------------------------------------------------------------------------ the fast test vs json.loads
@@ -249,3 +250,58 @@ def test_cpu_lists_round_trip():
     assert parse_cpus("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
     assert format_cpus([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
     assert format_cpus([5]) == "5" and parse_cpus("") == set()
+
+
+# sglang 0.5.12's /generate stream (non-incremental, its default): the whole text so far in every event,
+# meta_info's finish_reason null until the last, then `data: [DONE]` (srt/managers/tokenizer_manager.py,
+# srt/entrypoints/http_server.py generate_request).
+GENERATE_EVENTS: list[dict | str] = [
+    *[
+        {
+            "text": "".join(f" t{j}" for j in range(i + 1)),
+            "output_ids": list(range(i + 1)),
+            "meta_info": {"id": "r", "finish_reason": None, "prompt_tokens": 3, "completion_tokens": i + 1},
+        }
+        for i in range(5)
+    ],
+    {
+        "text": " t0 t1 t2 t3 t4 t5",
+        "output_ids": list(range(6)),
+        "meta_info": {
+            "id": "r",
+            "finish_reason": {"type": "length", "length": 6},
+            "prompt_tokens": 3,
+            "completion_tokens": 6,
+            "cached_tokens": 0,
+        },
+    },
+    "[DONE]",
+]
+
+
+@pytest.mark.parametrize("keep_text", [True, False])
+def test_sglang_generate_stream_counts_from_meta_info(keep_text):
+    body = _sse_stream(GENERATE_EVENTS)
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(body, [9, 64, 5])
+    loop = asyncio.new_event_loop()
+    try:
+        ex = _Exchange("generate", keep_text, loop.create_future())
+        ex.feed(raw, 1.0)
+    finally:
+        loop.close()
+    assert ex.body_done and ex.failure is None
+    # the counts are the server's, from the finished event's meta_info; one content time per token event
+    assert ex.usage == {"completion_tokens": 6, "prompt_tokens": 3}
+    assert ex.finish_reason == "length"
+    assert len(ex.content_times) == 6
+    assert ex.parts == ([" t0 t1 t2 t3 t4 t5"] if keep_text else [])
+
+
+def test_generate_bodies_ask_in_sampling_params():
+    body = request_body("m", "hi", api="generate", max_tokens=7, temperature=0.0, ignore_eos=True)
+    assert body == {
+        "text": "hi",
+        "sampling_params": {"max_new_tokens": 7, "temperature": 0.0, "ignore_eos": True},
+        "stream": True,
+    }
+    assert requested_tokens(json.dumps(body).encode()) == 7

@@ -249,3 +249,12 @@ def test_every_committed_matrix_meets_the_schema_and_a_typo_does_not():
     broken["bench"]["concurency"] = [1]
     with pytest.raises(jsonschema.ValidationError, match="concurency"):
         jsonschema.validate(broken, schema)
+
+
+def test_a_bench_api_the_engine_does_not_serve_is_refused_at_its_line(write_matrix):
+    # transformers serve has no /generate (engine data `bench_apis`); sglang has
+    text = (MATRIX / "cpu-smoke.toml").read_text().replace('api = "chat"', 'api = "generate"')
+    err = _error(write_matrix, text)
+    assert err.location is not None and err.location.key == "bench.api"
+    assert err.location.line == text.splitlines().index('api = "generate"') + 1
+    assert "does not serve the 'generate' API" in str(err)
