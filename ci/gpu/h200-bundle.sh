@@ -25,6 +25,10 @@ if [ "$release" = "0.5.12" ]; then
 fi
 printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$path" > "/tmp/py-$release"
 chmod +x "/tmp/py-$release"
-"/tmp/py-$release" -c "import sglang, transformers, torch; print('bundle', sglang.__version__, transformers.__version__, torch.__version__)"
+# 0.5.12's lock as resolved (kernels 0.17.2) dies at `import sglang` by design (the lane's import-conflict
+# cell): check the wrapper that serves, or `set -e` stops here after the wrappers are written.
+check=/tmp/py-$release
+[ "$release" = "0.5.12" ] && check=/tmp/py-$release-kernels-0.14.1
+"$check" -c "import sglang, transformers, torch; print('bundle', sglang.__version__, transformers.__version__, torch.__version__)"
 # The harness itself needs pydantic, which the bundle carries: its path goes after the project's src.
 echo "HARNESS_PYTHONPATH=$PWD/src:$path"
