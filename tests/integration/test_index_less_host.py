@@ -1,6 +1,7 @@
 """A host that reaches no package index (a GPU node) finds that out once per run, says it in one line, and
 no later cell waits for pip: real pip, pointed at a closed local port, over the cells of the H200 smoke
-matrix at the probe stage (the flags pre-flight downloads each release's wheel: two releases, nine cells)."""
+matrix at the probe stage (the flags pre-flight downloads each release's wheel: two releases, every cell of the matrix,
+the tensor-parallel kinds' included)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 import pytest
 
 from servematrix.cli import main
+from servematrix.plan import make_plan
 from servematrix.store import Store
 from tests.conftest import MATRIX
 
@@ -39,4 +41,6 @@ def test_an_index_less_host_is_found_once_and_said_once(tmp_path, monkeypatch, c
     assert (tmp_path / "pip.log").read_text().count("Looking in indexes:") == 1  # one attempt for all cells
     with Store(tmp_path / "results.sqlite") as store:
         verdicts = [r["verdict"] for r in store.all_rows()]
-    assert verdicts == ["skipped:no-gpu"] * 9  # predicts nothing: the GPU stages decide
+    cells = make_plan(MATRIX / "h200-smoke.toml").cells
+    assert len(cells) == 18  # 9 one-GPU cells and 9 on the tensor-parallel kinds
+    assert verdicts == ["skipped:no-gpu"] * len(cells)  # predicts nothing: the GPU stages decide
