@@ -164,15 +164,9 @@ class RunProgress:
     @contextlib.contextmanager
     def shown(self) -> Iterator[RunProgress]:
         """The live bar on a terminal for the duration, and the heartbeat inside long stages."""
-        stop = threading.Event()
-        beat = threading.Thread(target=self._beat, args=(stop,), name="servematrix-heartbeat", daemon=True)
         if not self.console.is_terminal:
-            beat.start()
-            try:
+            with self._beating():
                 yield self
-            finally:
-                stop.set()
-                beat.join()
             return
         progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -185,13 +179,23 @@ class RunProgress:
         )
         with progress:
             self._bar = (progress, progress.add_task(self.title, total=self.total, stage=""))
-            beat.start()
             try:
-                yield self
+                with self._beating():
+                    yield self
             finally:
-                stop.set()
-                beat.join()
                 self._bar = None
+
+    @contextlib.contextmanager
+    def _beating(self) -> Iterator[None]:
+        """The heartbeat thread, running for the duration."""
+        stop = threading.Event()
+        beat = threading.Thread(target=self._beat, args=(stop,), name="servematrix-heartbeat", daemon=True)
+        beat.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            beat.join()
 
     def stage(self, cell: Cell, name: str) -> None:
         """A cell entered a stage."""

@@ -313,3 +313,24 @@ def test_loading_a_spec_or_opening_a_store_imports_no_engine_code(tmp_path):
     ).stdout.split()
     assert "servematrix.engines" in loaded and "servematrix.store" in loaded
     assert not [m for m in loaded if m.startswith("servematrix.engines.") or m == "servematrix.cells"], loaded
+
+
+# Modules that are declarations or data, allowed past the size rule: the run's options, declared once each.
+DECLARATIONS = {"options.py"}
+LINES_AT_MOST = 700
+
+
+def test_no_module_holds_several_jobs_by_size():
+    """A module over ~700 lines holds several jobs (issue 23): split it, or say here why it is declarations."""
+    sizes = {
+        str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")
+    }
+    large = {name: n for name, n in sizes.items() if n > LINES_AT_MOST and Path(name).name not in DECLARATIONS}
+    assert not large, f"modules over {LINES_AT_MOST} lines: {large}"
+
+
+def test_every_package_says_what_it_owns():
+    packages = sorted(p for p in PACKAGE.rglob("__init__.py") if "templates" not in p.parts)
+    assert len(packages) >= 8
+    silent = [str(p.relative_to(PACKAGE)) for p in packages if not ast.get_docstring(ast.parse(p.read_text()))]
+    assert not silent, f"package __init__ without a docstring saying what it owns: {silent}"

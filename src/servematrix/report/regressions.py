@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servematrix.rowschema import COLUMNS, Row, row_problem
 from servematrix.stages import bench
-from servematrix.store import COLUMNS, Row, row_problem
 from servematrix.util import atomic_write
 from servematrix.verdict import observed, unserved
 
