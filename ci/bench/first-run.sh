@@ -44,4 +44,4 @@ import sys
 seconds, cache_gb, base_s, base_gb = map(float, sys.argv[1:])
 print(f"first-run: against the baseline ({base_s:.0f} s, {base_gb:.0f} GB): time {seconds / base_s:.3f}x, download {cache_gb / base_gb:.3f}x")
 PY
-grep -E "reused|decided now|^servematrix: [0-9]+ cell" "$scratch/run.log" | tail -5 || true
+grep -E " reused \(|decided now|^[0-9]+ cell\(s\):" "$scratch/run.log" || true

@@ -129,7 +129,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     regressions = _write_report(store, report_table, args.baseline) if report_table is not None else []
     print(
-        f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run, {summary.skipped_unchanged} unchanged; "
+        f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run ({summary.reused} reused from the published "
+        f"results, {len(summary.verdicts) - summary.reused} decided now), {summary.skipped_unchanged} unchanged; "
         f"store {store}",
         file=sys.stderr,
     )

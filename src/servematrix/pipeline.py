@@ -428,6 +428,7 @@ class _Runner:
         if reused is None:
             return None
         self._stage(run.cell, reused.note)
+        self.summary.reused += 1
         run.extra = reuse.provenance(reused.row)
         return reused.verdict
 

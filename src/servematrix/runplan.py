@@ -51,6 +51,7 @@ class Summary:
     run_id: str
     verdicts: dict[str, str] = field(default_factory=dict)  # cell id -> verdict
     skipped_unchanged: int = 0
+    reused: int = 0  # cells whose published CPU verdict was reused (reuse.py), not decided now
     skipped_owned: dict[str, int] = field(default_factory=dict)  # cell id -> pid of the live run that owns it
     reaped: list[int] = field(default_factory=list)
 

@@ -54,7 +54,7 @@ def test_cpu_smoke_runs_every_cell_and_writes_the_table(smoke_project, test_cach
     # A second run of the same command runs nothing.
     capsys.readouterr()
     assert main(args) == 0
-    assert "0 cell(s) run, 4 unchanged" in capsys.readouterr().err
+    assert "0 cell(s) run (0 reused from the published results, 0 decided now), 4 unchanged" in capsys.readouterr().err
     with Store(smoke_project / "results.sqlite") as store:
         assert len(store.all_rows()) == 4
 

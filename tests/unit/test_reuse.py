@@ -107,6 +107,7 @@ def test_published_cpu_verdicts_are_reused_until_a_lock_byte_changes(toy, tmp_pa
     second, again, lines = _run(plan, tmp_path, "second", locks, record)
     assert second.verdicts == first.verdicts
     assert _reused(again) == set(first.verdicts)
+    assert (first.reused, second.reused) == (0, len(first.verdicts))
     assert again[long_old.id]["excerpt"] == rows[long_old.id]["excerpt"]
     day = rows[long_old.id]["finished_at"][:10]
     assert again[long_old.id]["evidence"][0].startswith(f"reused: published {day}, decided on a CPU")
@@ -118,10 +119,11 @@ def test_published_cpu_verdicts_are_reused_until_a_lock_byte_changes(toy, tmp_pa
     third, rows3, lines = _run(plan, tmp_path, "third", locks, record)
     assert third.verdicts == first.verdicts
     assert _reused(rows3) == {c.id for c in plan.cells if c.env_id != long_old.env_id}
+    assert third.reused == 2
     assert any(line.startswith("2 reused") and line.endswith(", 2 to check") for line in lines)
 
     fresh, rows4, lines = _run(plan, tmp_path, "fresh", locks, record, fresh=True)
-    assert fresh.verdicts == first.verdicts and not _reused(rows4)
+    assert fresh.verdicts == first.verdicts and not _reused(rows4) and fresh.reused == 0
     assert any(line.startswith("--fresh: nothing reused") for line in lines)
 
 
