@@ -42,10 +42,11 @@ class Step:
     stage: str
     count: int  # how many will run
     maybe: int = 0  # how many more may run: those decided by an earlier stage of this run (a lock not made yet)
-    what: str  # what one is, in words: "environment lock(s) installed in turn and imported"
+    what: str  # what one is, in words: "environment lock(s) installed on this CPU and sglang imported"
     cost: str = ""  # what one costs, as the engine's data says it (measured)
     each_gb: float | None = None  # disk one takes while it runs
     each_minutes: tuple[float, float] | None = None  # how long one takes, low and high
+    at_once: int = 1  # how many run side by side (each with its own core and disk)
     note: str = ""
 
 
@@ -86,15 +87,19 @@ def announce(work: Work) -> list[str]:
         line = f"{step.stage}: {step.count} {step.what}"
         if step.maybe:
             line += f", and up to {step.maybe} more once resolved"
+        if step.at_once > 1:
+            line += f", {step.at_once} at once"
         if step.cost:
             line += f" ({step.cost})"
         if step.each_minutes is not None:
             timed = True
-            least, most = step.count * step.each_minutes[0], (step.count + step.maybe) * step.each_minutes[1]
+            # Side by side, the steps take as long as their longest file of `at_once` rounds.
+            least = -(-step.count // step.at_once) * step.each_minutes[0]
+            most = -(-(step.count + step.maybe) // step.at_once) * step.each_minutes[1]
             low, high = low + least, high + most
             line += f": {_minutes(least, most)} in all"
         if step.each_gb is not None:
-            peak_gb = max(peak_gb, step.each_gb)
+            peak_gb = max(peak_gb, step.each_gb * step.at_once)
         if step.note:
             line += f"; {step.note}"
         lines.append(line)

@@ -147,18 +147,21 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
         locked = {e for e, lock in locks.items() if lock.is_file()}
         todo = {e for e in locked if importcheck.recorded(locks[e], engine, cache_dir=cache) is None}
         check = engine.import_check
+        distinct = importcheck.distinct_locks(todo, lock_dir)  # one check per distinct lock body
         steps.append(
             Step(
                 stage="import",
-                count=importcheck.distinct_locks(todo, lock_dir),  # one check per distinct lock body
+                count=distinct,
                 # Without a lock yet, resolving comes first, and an unresolvable environment needs no install.
                 maybe=len(imports - locked),
-                what=f"environment lock(s) installed in turn on this CPU and {', '.join(check.modules)} imported",
+                what=f"environment lock(s) installed on this CPU and {', '.join(check.modules)} imported",
                 cost=check.cost,
                 each_gb=check.cost_gb,
                 each_minutes=check.cost_minutes,
-                note="each venv is removed after its check, uv's cache keeps the wheels; --stages resolve,probe "
-                "skips it",
+                # As many at once as the run will check (pipeline._check_imports_ahead): the host's room.
+                at_once=max(1, min(distinct, importcheck.room(cache))),
+                note="each venv is removed after its check; uv's cache keeps the wheels, and grows by what the "
+                "locks do not share; --stages resolve,probe skips it",
             )
         )
     hooks = hooks_of(engine)

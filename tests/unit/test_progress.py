@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -155,6 +156,18 @@ def test_the_announcement_totals_the_costly_steps():
     assert (
         lines[-1]
         == "in all: about 33-52 min of installs and checks, about 9 GB of disk at a time, 54.2 GB free on this disk now"
+    )
+
+
+def test_checks_side_by_side_are_announced_in_rounds_with_their_disk_together():
+    from servematrix.progress import announce
+
+    work = _work()
+    lines = announce(replace(work, steps=(replace(work.steps[0], at_once=2),)))
+    assert lines[2].startswith("import: 22 lock(s) installed, and up to 4 more once resolved, 2 at once")
+    # 11 rounds of 1.5 min at least, 13 rounds of 2 min at most; two checks' disk at a time.
+    assert lines[-1] == (
+        "in all: about 16-26 min of installs and checks, about 18 GB of disk at a time, 54.2 GB free on this disk now"
     )
 
 
