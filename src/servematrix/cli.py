@@ -107,10 +107,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         trust_probe=args.trust_probe,
         model_roots=tuple(args.model_root),
     )
-    if args.python and args.backend != "existing":
-        raise InputError("--python is for --backend existing")
-    if args.image and args.backend != "image":
-        raise InputError("--image is for --backend image")
     for line in preamble(plan, options):
         _say(line)
     builds = builds_here(plan, stages)

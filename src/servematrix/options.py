@@ -205,6 +205,8 @@ class Option:
     metavar: str | None = None
     required: bool = False
     check: Callable[[str, Any], Any] | None = None
+    # Given only with another option's value: ("--backend", "existing") refuses it with any other backend.
+    only_with: tuple[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -423,13 +425,15 @@ OPTIONS: tuple[Option, ...] = (
         help="--backend existing: the interpreter whose installed packages serve every cell (default: this one); "
         "a cell whose axis versions are not installed there is refused",
         commands=("run",),
+        only_with=("--backend", "existing"),
     ),
     Option(
         flags=("--image",),
         metavar="REF",
         help="--backend image: serve every cell from this image (default: the engine's published image of each "
         "release and CUDA version, from its data); a cell whose axis versions it does not hold is skipped",
-        commands=("run",),
+        commands=("run", "submit"),
+        only_with=("--backend", "image"),
     ),
     Option(
         flags=("--store",),
@@ -826,7 +830,14 @@ def command_parser(command: str, *, prog: str) -> argparse.ArgumentParser:
 def validate(args: argparse.Namespace) -> argparse.Namespace:
     """Run the checks of `args.command`'s options on the parsed values, once, and keep what they return.
     An InputError names the option."""
-    for option in options_of(args.command):
+    options = options_of(args.command)
+    for option in options:
         if option.check is not None:
             setattr(args, option.attribute, option.check(option.name, getattr(args, option.attribute)))
+    for option in options:
+        if option.only_with is not None and getattr(args, option.attribute) is not None:
+            flag, value = option.only_with
+            other = next(o for o in options if o.name == flag)
+            if getattr(args, other.attribute) != value:
+                raise InputError(f"{option.name} is for {flag} {value}")
     return args

@@ -62,6 +62,7 @@ class SubmitOptions:
     chdir: Path
     stages: tuple[str, ...] = STAGES
     backend: str = "auto"
+    image: str | None = None  # --backend image: every task serves from this image
     rerun: bool = False
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
     max_tasks: int = GITHUB_MAX_JOBS
@@ -110,6 +111,8 @@ def task_argv(options: SubmitOptions, gpu: str, shard: str | Shell, store: str |
     for expression in (*options.select, f"gpu={gpu}"):
         argv += ["--select", expression]
     argv += ["--shard", shard, "--store", store, "--workdir", str(options.workdir), "--backend", options.backend]
+    if options.image is not None:
+        argv += ["--image", options.image]
     if options.stages != STAGES:  # all of them is run's default
         argv += ["--stages", ",".join(options.stages)]
     if options.rerun:
@@ -315,6 +318,7 @@ def options_from_args(args: argparse.Namespace) -> SubmitOptions:
         chdir=cwd,
         stages=args.stages,
         backend=args.backend,
+        image=args.image,
         rerun=args.rerun,
         launcher=args.launcher or DEFAULT_LAUNCHER,
         max_tasks=args.max_tasks,

@@ -5,6 +5,7 @@ evidence, and what such verdicts may replace. The real pulls and runs: tests/int
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,4 +186,6 @@ def test_image_without_backend_image_is_bad_input(tmp_path, monkeypatch, capsys)
     shutil.copytree(MATRIX, tmp_path / "matrix")
     assert main(["run", "matrix/cpu-smoke.toml", "--image", "x/y:1", "--backend", "venv"]) == 2
     assert "--image is for --backend image" in capsys.readouterr().err
+    assert main(["run", "matrix/cpu-smoke.toml", "--python", sys.executable]) == 2
+    assert "--python is for --backend existing" in capsys.readouterr().err
     assert not (tmp_path / ".servematrix" / "results.sqlite").exists()

@@ -99,6 +99,7 @@ SHARED_VALUES = {
     "--select": ["--select", "mode=static", "--select", "torch>=2.9"],
     "--stages": ["--stages", "serve , resolve"],
     "--backend": ["--backend", "venv"],
+    "--image": ["--backend", "image", "--image", "localhost/mine:1"],
     "--workdir": ["--workdir", "elsewhere"],
     "--rerun": ["--rerun"],
 }
@@ -124,6 +125,7 @@ def test_run_and_submit_parse_a_shared_option_to_the_same_value(flags):
         ["--stages", ""],
         ["--backend", "nonesuch"],
         ["--select", "flavour=mint"],
+        ["--image", "localhost/mine:1"],  # without --backend image
     ],
 )
 def test_run_and_submit_refuse_a_bad_shared_value_alike(flags, tmp_path, capsys):

@@ -118,7 +118,8 @@ def test_every_option_submit_shares_with_run_reaches_every_task(tmp_path):
     given = {
         "--select": ["--select", "mode=static", "--select", "torch>=2.9"],
         "--stages": ["--stages", "serve,resolve"],
-        "--backend": ["--backend", "venv"],
+        "--backend": ["--backend", "image"],
+        "--image": ["--image", "localhost/mine:1"],
         "--workdir": ["--workdir", "elsewhere"],
         "--rerun": ["--rerun"],
     }
@@ -217,6 +218,7 @@ def test_sbatch_failures_are_reported(tmp_path):
         (["--stages", "serve,nap"], "unknown stage"),
         (["--max-tasks", "0"], "--max-tasks"),
         (["--select", "flavour=mint"], "unknown key"),
+        (["--image", "localhost/mine:1"], "--image is for --backend image"),
     ],
 )
 def test_bad_input_exits_2_before_anything_is_submitted(tmp_path, capsys, argv, message):
