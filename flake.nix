@@ -9,7 +9,7 @@
       lib = import ./nix/lib.nix;
 
       # The environments and their wheels, generated from the matrices' locks by
-      # `python -m servematrix.nixexport`: the one truth is the lock, this is its Nix-readable form.
+      # `python -m servematrix.scaleout.nixexport`: the one truth is the lock, this is its Nix-readable form.
       data = builtins.fromJSON (builtins.readFile ./nix/envs.json);
       wheelBases = import ./nix/wheel-bases.nix { file = ./nix/wheel-bases.json; };
       manifests = import ./nix/manifests.nix { inherit data; };

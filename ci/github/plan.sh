@@ -11,7 +11,7 @@ args=("${MATRIX:?}")
 if [ -n "${SELECT:-}" ]; then args+=(--select "$SELECT"); fi
 matrix=$(servematrix plan "${args[@]}" --format github)
 jobs=$(python3 -c 'import json, sys; print(len(json.load(sys.stdin)["include"]))' <<<"$matrix")
-python=$(python3 -c 'import sys; from servematrix.spec import load_spec; print(load_spec(sys.argv[1]).file.python)' "$MATRIX")
+python=$(python3 -c 'import sys; from servematrix.config.spec import load_spec; print(load_spec(sys.argv[1]).file.python)' "$MATRIX")
 
 {
   echo "matrix=$matrix"

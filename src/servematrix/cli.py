@@ -14,12 +14,12 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from servematrix import hostinfo
 from servematrix.bisection.command import cmd_bisect
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, Parser, add_options, validate
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
-from servematrix.store import DEFAULT_STORE
+from servematrix.run import hostinfo
+from servematrix.store.store import DEFAULT_STORE
 
 TABLE_NAME = "compatibility.md"
 
@@ -58,7 +58,7 @@ def _version() -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from servematrix.plan import github_matrix, make_plan, plan_json, print_table
+    from servematrix.planning.plan import github_matrix, make_plan, plan_json, print_table
 
     plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
     if args.format == "json":
@@ -79,10 +79,10 @@ def _say(line: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from servematrix.backends.registry import select_backend
-    from servematrix.pipeline import run_plan
-    from servematrix.plan import make_plan
-    from servematrix.reuse import PUBLISHED
-    from servematrix.runplan import RunOptions, builds_here, preamble
+    from servematrix.planning.plan import make_plan
+    from servematrix.run.pipeline import run_plan
+    from servematrix.run.reuse import PUBLISHED
+    from servematrix.run.runplan import RunOptions, builds_here, preamble
 
     stages, store = args.stages, args.store or DEFAULT_STORE
     if args.standin_gpus is not None:  # through the environment: the packed jobs' processes see it too
@@ -256,7 +256,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def no_store_yet(store: Path) -> str:
     """Why `report` has nothing to report yet, and the two ways to get something: run, or the published results."""
     from servematrix.report.site import HTML_NAME
-    from servematrix.runplan import CPU_SMOKE
+    from servematrix.run.runplan import CPU_SMOKE
 
     return (
         f"{store}: no such store: nothing has run here yet. Run a matrix first (`{command_hint('run', CPU_SMOKE)}` "
@@ -293,7 +293,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from servematrix.store import merge_stores
+    from servematrix.store.store import merge_stores
 
     missing = [str(p) for p in args.inputs if not p.is_file()]
     if missing:
@@ -308,8 +308,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from servematrix.locking import lock_plan, print_lock_table
-    from servematrix.plan import make_plan
+    from servematrix.planning.plan import make_plan
+    from servematrix.stages.locking import lock_plan, print_lock_table
 
     plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
     outcomes = lock_plan(plan, out_dir=args.out)
@@ -321,7 +321,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from servematrix.spec import matrix_json_schema
+    from servematrix.config.spec import matrix_json_schema
 
     print(json.dumps(matrix_json_schema(), indent=2, sort_keys=True))
     return 0
@@ -329,7 +329,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from servematrix.engines import load_engine
-    from servematrix.models import ModelBuildError, ensure_model
+    from servematrix.run.models import ModelBuildError, ensure_model
 
     python = [args.python] if args.python else _tiny_model_python()
     try:
@@ -383,7 +383,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from servematrix.slurm import SlurmError, job_state, options_from_args, submit, wait
+    from servematrix.scaleout.slurm import SlurmError, job_state, options_from_args, submit, wait
 
     options = options_from_args(args)
     try:
@@ -420,7 +420,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_nix_export(args: argparse.Namespace) -> int:
-    from servematrix.nixexport import ExportError, command
+    from servematrix.scaleout.nixexport import ExportError, command
 
     try:
         return command(args)

@@ -4,7 +4,7 @@ An `Option` names its flags, help, default, type or choices, and the commands th
 adds a command's options to its parser from these declarations, so `run` and `submit --slurm` get the same
 `--backend` (its choices from the backend registry), `--stages`, `--workdir` and `--select`; `run` and
 `nix-export` the same `--lock-dir`; `run` and `report` the same `--store` and regression gate. Nothing else
-declares an option: `cli.build_parser` and `python -m servematrix.nixexport` both build from here.
+declares an option: `cli.build_parser` and `python -m servematrix.scaleout.nixexport` both build from here.
 
 A value that needs more than argparse's own `type` (stage names, a launcher's words, NAME=URL pairs, a
 positive count) has a `check`, which `validate` runs once after parsing: its InputError is the user's one-line
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.backends.registry import CHOICES as BACKENDS
-from servematrix.cells import DEFAULT_MAX_CELLS
 from servematrix.errors import InputError
-from servematrix.hostinfo import STANDIN_GPUS_ENV
-from servematrix.plan import GITHUB_MAX_JOBS
+from servematrix.planning.cells import DEFAULT_MAX_CELLS
+from servematrix.planning.plan import GITHUB_MAX_JOBS
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
+from servematrix.run.hostinfo import STANDIN_GPUS_ENV
 from servematrix.stages import STAGES
-from servematrix.store import DEFAULT_STORE
+from servematrix.store.store import DEFAULT_STORE
 from servematrix.util import DEFAULT_WORKDIR
 
 DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
@@ -820,7 +820,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def command_parser(command: str, *, prog: str) -> argparse.ArgumentParser:
-    """A parser for one command alone (`python -m servematrix.nixexport` is `servematrix nix-export`)."""
+    """A parser for one command alone (`python -m servematrix.scaleout.nixexport` is `servematrix nix-export`)."""
     parser = Parser(prog=prog, **COMMAND[command].parser_kwargs())
     add_options(parser, command)
     parser.set_defaults(command=command)

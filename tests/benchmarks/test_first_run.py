@@ -1,5 +1,5 @@
 """The README's first command on a CPU host, as far as servematrix is concerned: `servematrix run` of the product
-matrix (what `nox -s matrix` runs) reusing published CPU verdicts whose inputs are unchanged (reuse.py), against
+matrix (what `nox -s matrix` runs) reusing published CPU verdicts whose inputs are unchanged (run/reuse.py), against
 the same command deciding them from nothing, both measured in this run.
 
 To stay inside a CI job it runs one release of the product matrix (`--select sglang=0.5.23`, every GPU kind and
@@ -23,7 +23,7 @@ import pytest
 
 from servematrix.report.publish import merge_published, store_rows
 from servematrix.report.regressions import export_results, load_export, write_export
-from servematrix.reuse import PUBLISHED, REUSED_PREFIX
+from servematrix.run.reuse import PUBLISHED, REUSED_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = "matrix/glm5-nvfp4.toml"

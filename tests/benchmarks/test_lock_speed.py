@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from servematrix.locking import resolve_request
-from servematrix.plan import make_plan
+from servematrix.planning.plan import make_plan
 from servematrix.stages import resolve as resolve_stage
+from servematrix.stages.locking import resolve_request
 from servematrix.util import run_captured, uv_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from servematrix.pipeline import run_plan
-from servematrix.plan import make_plan
-from servematrix.runplan import RunOptions
-from servematrix.schedule import lower_bound, makespan, stored_spans
-from servematrix.store import Store
+from servematrix.planning.plan import make_plan
+from servematrix.planning.schedule import lower_bound, makespan, stored_spans
+from servematrix.run.pipeline import run_plan
+from servematrix.run.runplan import RunOptions
+from servematrix.store.store import Store
 from tests.fakes.fake_backend import FakeBackend
 from tests.fakes.fake_backend_harness import FAKE_MULTI_GPU_SERVER
 from tests.integration.test_packing import MIXED, standin  # noqa: F401 (a fixture)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import time
 
-from servematrix.plan import github_matrix, plan_spec
-from servematrix.spec import load_spec
+from servematrix.config.spec import load_spec
+from servematrix.planning.plan import github_matrix, plan_spec
 
 TARGET_S = 2.0
 

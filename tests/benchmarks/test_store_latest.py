@@ -10,7 +10,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from servematrix.store import COLUMNS, Store
+from servematrix.store.store import COLUMNS, Store
 
 CELLS, RUNS = 500, 40
 _OLD_QUERY = (

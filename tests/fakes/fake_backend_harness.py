@@ -11,9 +11,9 @@ import signal
 import sys
 from pathlib import Path
 
-from servematrix.pipeline import run_plan
-from servematrix.plan import make_plan
-from servematrix.runplan import RunOptions
+from servematrix.planning.plan import make_plan
+from servematrix.run.pipeline import run_plan
+from servematrix.run.runplan import RunOptions
 from tests.fakes.fake_backend import FakeBackend
 
 FAKE_MULTI_GPU_SERVER = Path(__file__).resolve().parent / "fake_multi_gpu_server.py"

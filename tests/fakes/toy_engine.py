@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from servematrix import verdict
 from servematrix.engines.hooks import PreflightInput
-from servematrix.verdict import Verdict
+from servematrix.formats import verdict
+from servematrix.formats.verdict import Verdict
 
 LIMIT_BEFORE_2 = 2048
 

@@ -17,9 +17,9 @@ import pytest
 
 from servematrix.backends import BuildInput, Built
 from servematrix.backends.container import ContainerBackend, targets_from_plan
-from servematrix.cells import requirements
-from servematrix.locking import lock_plan
-from servematrix.plan import make_plan
+from servematrix.planning.cells import requirements
+from servematrix.planning.plan import make_plan
+from servematrix.stages.locking import lock_plan
 from tests.conftest import MATRIX
 
 BASE_IMAGE = os.environ.get("SERVEMATRIX_BASE_IMAGE", "localhost/bookworm-base")

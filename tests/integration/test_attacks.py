@@ -26,7 +26,7 @@ import pytest
 
 from servematrix.cli import main
 from servematrix.stages.bench_worker import CIRCUIT_TIMEOUTS, BatchSpec, Runner
-from servematrix.store import Store
+from servematrix.store.store import Store
 from tests.conftest import REPO
 from tests.fakes.fake_openai_server import FakeBehavior, FakeOpenAIServer
 
@@ -472,8 +472,8 @@ def test_a_device_node_is_not_a_store(project: Path, capsys: pytest.CaptureFixtu
 
 
 def test_a_store_locked_by_another_process_is_one_line(project: Path, monkeypatch: pytest.MonkeyPatch):
-    from servematrix import store as store_module
     from servematrix.errors import InputError
+    from servematrix.store import store as store_module
 
     path = make_store(project / "s.sqlite")
     monkeypatch.setattr(store_module, "_LOCK_WAIT_S", 0.2)

@@ -22,8 +22,8 @@ from servematrix.backends.venv import VenvBackend
 from servematrix.bisection.checks import Checker, CheckOptions, find_target
 from servematrix.bisection.releases import between, default_index, fetch_releases
 from servematrix.bisection.runner import bisect, record_note
+from servematrix.config.spec import Spec, SpecFile
 from servematrix.engines import Engine
-from servematrix.spec import Spec, SpecFile
 from tests.conftest import REPO
 
 pytestmark = [

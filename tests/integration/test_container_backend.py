@@ -21,14 +21,14 @@ from packaging.utils import canonicalize_name
 
 from servematrix.backends import Backend, Built
 from servematrix.backends.container import ContainerBackend, image_size
-from servematrix.locking import lock_plan
-from servematrix.models import builder_script
-from servematrix.pipeline import run_plan
-from servematrix.plan import Plan, make_plan
+from servematrix.engines.transformers.tinymodel import is_built
+from servematrix.planning.plan import Plan, make_plan
 from servematrix.report.rows import tok_s
-from servematrix.runplan import RunOptions
-from servematrix.store import Store
-from servematrix.tinymodel import is_built
+from servematrix.run.models import builder_script
+from servematrix.run.pipeline import run_plan
+from servematrix.run.runplan import RunOptions
+from servematrix.stages.locking import lock_plan
+from servematrix.store.store import Store
 from tests.integration.images import BASE_IMAGE, GOOD, SmokeImage, extra_ca
 
 # The first test also waits for the session's image build: ~4 min on an idle 2-core machine, ~10 min loaded.

@@ -24,8 +24,8 @@ import pytest
 from servematrix.backends import BuildInput
 from servematrix.backends.container import ContainerBackend
 from servematrix.backends.nix import IMAGE_REPOSITORY, NixBackend
-from servematrix.lockfile import parse_lock
-from servematrix.nixexport import locked_environments, render
+from servematrix.formats.lockfile import parse_lock
+from servematrix.scaleout.nixexport import locked_environments, render
 from tests.conftest import MATRIX, REPO
 
 pytestmark = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from servematrix.store import Store
+from servematrix.store.store import Store
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

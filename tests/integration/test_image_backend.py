@@ -19,9 +19,9 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from servematrix.cli import main
-from servematrix.lockfile import parse_pins
+from servematrix.formats.lockfile import parse_pins
 from servematrix.report.rows import tok_s
-from servematrix.store import Store
+from servematrix.store.store import Store
 from tests.integration.images import SmokeImage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]

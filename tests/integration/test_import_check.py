@@ -13,15 +13,15 @@ import pytest
 from rich.console import Console
 
 from servematrix.engines import ENGINES_PATH_ENV, ImportCheckSpec, load_engine
-from servematrix.lockfile import render_header
-from servematrix.locking import resolve_request
-from servematrix.pipeline import run_plan
-from servematrix.plan import make_plan
-from servematrix.runplan import RunOptions
+from servematrix.formats.lockfile import render_header
+from servematrix.planning.plan import make_plan
+from servematrix.run.pipeline import run_plan
+from servematrix.run.runplan import RunOptions
 from servematrix.stages import importcheck
 from servematrix.stages.importcheck import check_all, import_check
+from servematrix.stages.locking import resolve_request
 from servematrix.stages.resolve import lock_header
-from servematrix.store import Store
+from servematrix.store.store import Store
 from tests.fakes.fake_backend import FakeBackend
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -11,8 +11,8 @@ import socket
 import pytest
 
 from servematrix.cli import main
-from servematrix.plan import make_plan
-from servematrix.store import Store
+from servematrix.planning.plan import make_plan
+from servematrix.store.store import Store
 from tests.conftest import MATRIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

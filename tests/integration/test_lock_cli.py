@@ -71,7 +71,7 @@ def test_run_resolve_stage_records_unresolvable_without_further_stages(tmp_path,
         ]
     )
     assert code == 0
-    from servematrix.store import Store
+    from servematrix.store.store import Store
 
     with Store(store) as s:
         rows = s.all_rows()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from servematrix.cli import main
-from servematrix.store import COLUMNS, Store
+from servematrix.store.store import COLUMNS, Store
 
 pytestmark = [pytest.mark.integration]
 

@@ -66,7 +66,7 @@ def _verdicts(store: Path) -> dict[str, str]:
         return dict(db.execute("SELECT cell_id, verdict FROM cell_runs WHERE status = 'finished'").fetchall())
 
 
-# `[done/total elapsed] ...`: a progress line of a run without a terminal (servematrix.progress).
+# `[done/total elapsed] ...`: a progress line of a run without a terminal (servematrix.run.progress).
 PROGRESS = re.compile(r"^\[(\d+)/(\d+)\s+(\d+)s\] (.*)$")
 HEARTBEAT_MAX_S = 30
 

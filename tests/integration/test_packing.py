@@ -19,18 +19,18 @@ import psutil
 import pytest
 from rich.console import Console
 
-from servematrix import hostinfo, ports
 from servematrix.cli import main
 from servematrix.engines import ENGINES_PATH_ENV
-from servematrix.pipeline import run_plan
-from servematrix.plan import make_plan
-from servematrix.runplan import RunOptions
-from servematrix.schedule import cpu_slices, lower_bound, stored_spans
-from servematrix.store import Store
+from servematrix.planning.plan import make_plan
+from servematrix.planning.schedule import cpu_slices, lower_bound, stored_spans
+from servematrix.run import hostinfo, ports
+from servematrix.run.pipeline import run_plan
+from servematrix.run.runplan import RunOptions
+from servematrix.store.store import Store
 from tests.conftest import REPO
 from tests.fakes.fake_backend import FakeBackend
 from tests.fakes.fake_backend_harness import FAKE_MULTI_GPU_SERVER
-from tests.unit.test_engine_plugins import TOY_ENGINES
+from tests.unit.engines.test_engine_plugins import TOY_ENGINES
 
 pytestmark = [pytest.mark.slow]
 
@@ -287,7 +287,7 @@ def test_killing_the_harness_mid_pack_leaves_no_server_on_any_standin_gpu(standi
     assert len(records) == 3, (tmp_path / "harness.log").read_text()  # 2 x 1 GPU and 1 x 2 GPUs, at once
     servers = [p for r in records for p in (r["pid"], *r["ranks"])]
     assert len(servers) == 4 and all(_alive(p) for p in servers)
-    jobs = [p for p in psutil.Process(harness.pid).children() if "servematrix.packjob" in " ".join(p.cmdline())]
+    jobs = [p for p in psutil.Process(harness.pid).children() if "servematrix.run.packjob" in " ".join(p.cmdline())]
     assert len(jobs) == 3
     harness.send_signal(sig)
     code = harness.wait(timeout=120)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servematrix.cli import main
-from servematrix.store import Store
+from servematrix.store.store import Store
 from tests.conftest import MATRIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

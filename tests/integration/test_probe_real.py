@@ -240,7 +240,7 @@ def every_surface(wheel_cache) -> dict[str, flagsurface.FlagSurface]:
 
 @pytest.mark.parametrize("version", ALL_RELEASES)
 def test_plan_gives_one_cell_per_prefill_backend_the_release_offers(every_surface, write_matrix, version):
-    from servematrix.plan import make_plan
+    from servematrix.planning.plan import make_plan
 
     plan = make_plan(
         write_matrix(

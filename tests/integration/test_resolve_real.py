@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from servematrix.lockfile import parse_header
+from servematrix.formats.lockfile import parse_header
 from servematrix.stages import resolve as resolve_stage
 from servematrix.stages.resolve import ResolveRequest, release_pins, resolve
 

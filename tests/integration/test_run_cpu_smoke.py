@@ -8,7 +8,7 @@ import pytest
 
 from servematrix.cli import main
 from servematrix.report.rows import tok_s
-from servematrix.store import Store
+from servematrix.store.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servematrix.store import Store
+from servematrix.store.store import Store
 from tests.conftest import REPO
 from tests.fakes.fake_backend import MATRIX
 
@@ -23,9 +23,9 @@ CHILD = """
 import io, json, os, sys, time
 from pathlib import Path
 from rich.console import Console
-from servematrix.runplan import RunOptions
-from servematrix.pipeline import run_plan
-from servematrix.plan import make_plan
+from servematrix.run.runplan import RunOptions
+from servematrix.run.pipeline import run_plan
+from servematrix.planning.plan import make_plan
 from tests.fakes.fake_backend import FakeBackend
 
 matrix, store, work, start = map(Path, sys.argv[1:5])

@@ -23,7 +23,7 @@ import pytest
 
 from servematrix.cli import main
 from servematrix.report.site import build_report
-from servematrix.store import Store
+from servematrix.store.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -187,8 +187,8 @@ def test_a_report_of_two_matrices_counts_each_and_explains_an_empty_heatmap(tmp_
     # Issue 27: the report of two matrices, one measured, one only pre-flighted on a CPU (every cell skipped:
     # no GPU), in Chromium. Each matrix has counts of its own, the one run last leads, and the heatmap that
     # holds no number says why.
-    from servematrix.store import Row
-    from tests.unit.test_site import sglang_rows
+    from servematrix.store.store import Row
+    from tests.unit.report.test_site import sglang_rows
 
     measured = [Row(values={**r.values, "finished_at": "2026-06-01T00:00:00+00:00"}) for r in sglang_rows()]
     cpu_only = [

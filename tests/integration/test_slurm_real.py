@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from servematrix.cli import main
-from servematrix.store import Store
+from servematrix.store.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

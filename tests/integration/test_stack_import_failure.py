@@ -12,7 +12,7 @@ import pytest
 
 from servematrix.cli import main
 from servematrix.engines import ENGINES_PATH_ENV
-from servematrix.store import Store
+from servematrix.store.store import Store
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

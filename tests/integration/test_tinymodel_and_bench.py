@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servematrix import tinymodel
+from servematrix.engines.transformers import tinymodel
 from servematrix.stages.bench import Workload, run_workload_sync, smoke_check_sync
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,7 +2,10 @@
 level, inside a function, in the `else` of `if TYPE_CHECKING:`, relative, a package's `__init__` run by
 importing one of its modules, or `importlib.import_module`/`__import__` of a literal name or of a module
 that engine data names. Only `if TYPE_CHECKING:` bodies are left out (they never run). So each module can be
-read, tested and replaced alone, and reading engine data loads no engine code."""
+read, tested and replaced alone, and reading engine data loads no engine code.
+
+And imports run one way: the packages form layers (`LAYERS`, lowest first, said once here and in
+docs/architecture.md), and no module imports one of a higher layer."""
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def dynamic_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
     named = _engine_data_modules(package)
     return {
         "servematrix.engines.plugins": named["hooks"],  # engine data's `hooks`
-        "servematrix.models": named["builders"],  # engine data's `model_builders`
+        "servematrix.run.models": named["builders"],  # engine data's `model_builders`
         # Runs as a script in a cell's environment and imports flashinfer's modules, never servematrix.
         "servematrix.engines.sglang.probe_script": set(),
     }
@@ -176,6 +179,47 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# The layers, lowest first: a module may import its own layer's modules and those of lower layers, never a
+# higher one. Each is a top-level module or a package (with everything under it); docs/architecture.md has
+# one section per entry, in this order. A new package or top-level module must be placed here.
+LAYERS = (
+    "servematrix.errors",  # and the root package's __init__ (its version), under everything
+    "servematrix.util",
+    "servematrix.data",  # packaged data files, no code
+    "servematrix.formats",
+    "servematrix.engines",
+    "servematrix.config",
+    "servematrix.store",
+    "servematrix.planning",
+    "servematrix.classify",
+    "servematrix.backends",
+    "servematrix.stages",
+    "servematrix.report",
+    "servematrix.run",
+    "servematrix.bisection",
+    "servematrix.options",
+    "servematrix.scaleout",
+    "servematrix.cli",
+    "servematrix.__main__",
+)
+
+
+def layer_of(module: str) -> int:
+    if module == "servematrix":
+        return 0
+    for index, layer in enumerate(LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return index
+    raise AssertionError(f"{module} is in no layer: place its package or module in LAYERS")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import of a module of a higher layer than the importer's, as (importer, imported); every module
+    must have a layer."""
+    layer = {module: layer_of(module) for module in graph}
+    return sorted((a, b) for a, deps in graph.items() for b in deps if layer[b] > layer[a])
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -183,7 +227,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_module_of_servematrix_imports_itself_back():
     graph = import_graph()
-    assert "servematrix.pipeline" in graph and "servematrix.engines.sglang" in graph
+    assert "servematrix.run.pipeline" in graph and "servematrix.engines.sglang" in graph
     # The graph sees the run-time imports of plugins: the engine data's hooks module.
     assert "servematrix.engines.sglang" in graph["servematrix.engines.plugins"]
     assert cycles(graph) == []
@@ -202,11 +246,15 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_the_engine_contract_and_data_load_no_engine_code():
     graph = import_graph()
     assert graph["servematrix.engines.hooks"] == set()  # types only (TYPE_CHECKING)
-    assert graph["servematrix.engines"] <= {"servematrix.errors", "servematrix.tomlsource"}
-    assert "servematrix.cells" not in graph["servematrix.engines.sglang"]
+    assert graph["servematrix.engines"] <= {
+        "servematrix.errors",
+        "servematrix.formats",
+        "servematrix.formats.tomlsource",
+    }
+    assert "servematrix.planning.cells" not in graph["servematrix.engines.sglang"]
     # Whatever runs, a spec, a store and the report's inputs reach no hooks module, nor the module that loads one.
     engine_code = {"servematrix.engines.plugins", *dynamic_imports()["servematrix.engines.plugins"]}
-    for reader in ("servematrix.spec", "servematrix.store", "servematrix.report.publish"):
+    for reader in ("servematrix.config.spec", "servematrix.store.store", "servematrix.report.publish"):
         assert not _reachable(graph, reader) & engine_code, reader
 
 
@@ -226,33 +274,33 @@ def _plant(package: Path, module: str, text: str) -> None:
     ("module", "planted", "circle"),
     [
         pytest.param(
-            "store.py",
-            "def _planted():\n    from servematrix.pipeline import run_plan\n",
-            {"servematrix.store", "servematrix.pipeline"},
+            "store/store.py",
+            "def _planted():\n    from servematrix.run.pipeline import run_plan\n",
+            {"servematrix.store.store", "servematrix.run.pipeline"},
             id="inside-a-function",
         ),
         pytest.param(
             "engines/__init__.py",
-            "def _planted():\n    import importlib\n    return importlib.import_module('servematrix.cells')\n",
-            {"servematrix.engines", "servematrix.cells"},
+            "def _planted():\n    import importlib\n    return importlib.import_module('servematrix.planning.cells')\n",
+            {"servematrix.engines", "servematrix.planning.cells"},
             id="importlib-literal",
         ),
         pytest.param(
             "engines/__init__.py",
-            "from importlib import import_module as _im\n\n\ndef _planted():\n    return _im('.spec', 'servematrix')\n",
-            {"servematrix.engines", "servematrix.spec"},
+            "from importlib import import_module as _im\n\n\ndef _planted():\n    return _im('.spec', 'servematrix.config')\n",
+            {"servematrix.engines", "servematrix.config.spec"},
             id="import-module-alias-relative",
         ),
         pytest.param(
             "errors.py",
-            "if TYPE_CHECKING:\n    pass\nelse:\n    from .cells import Cell\n",
-            {"servematrix.errors", "servematrix.cells"},
+            "if TYPE_CHECKING:\n    pass\nelse:\n    from .planning.cells import Cell\n",
+            {"servematrix.errors", "servematrix.planning.cells"},
             id="type-checking-else-relative",
         ),
         pytest.param(
-            "tomlsource.py",
-            "def _planted():\n    import servematrix.spec.x\n",
-            {"servematrix.tomlsource", "servematrix.spec"},
+            "formats/tomlsource.py",
+            "def _planted():\n    import servematrix.config.spec.x\n",
+            {"servematrix.formats.tomlsource", "servematrix.config.spec"},
             id="dotted-import",
         ),
     ],
@@ -272,27 +320,76 @@ def test_the_circle_of_a_data_named_hooks_module_is_found(package_copy):
         "engines/__init__.py",
         "def _planted(name):\n    import importlib\n    return importlib.import_module(name)\n",
     )
-    _plant(package_copy, "engines/sglang/__init__.py", "from servematrix.cells import Cell\n")
+    _plant(package_copy, "engines/sglang/__init__.py", "from servematrix.planning.cells import Cell\n")
     with pytest.raises(UndeclaredDynamicImport, match=r"servematrix\.engines imports a computed name"):
         import_graph(package_copy)
     dynamic = {**dynamic_imports(package_copy), "servematrix.engines": {"servematrix.engines.sglang"}}
     found = cycles(import_graph(package_copy, dynamic))
-    assert any({"servematrix.engines", "servematrix.engines.sglang", "servematrix.cells"} <= set(c) for c in found)
+    assert any(
+        {"servematrix.engines", "servematrix.engines.sglang", "servematrix.planning.cells"} <= set(c) for c in found
+    )
 
 
 def test_a_package_init_counts_as_imported_by_its_modules_importers(package_copy):
     # Importing servematrix.engines.sglang.flagsurface runs engines/sglang/__init__.py (sglang's hooks) first.
     _plant(
-        package_copy, "store.py", "def _planted():\n    from servematrix.engines.sglang.flagsurface import flag_check\n"
+        package_copy,
+        "store/store.py",
+        "def _planted():\n    from servematrix.engines.sglang.flagsurface import flag_check\n",
     )
     graph = import_graph(package_copy)
-    assert {"servematrix.engines.sglang", "servematrix.engines.sglang.flagsurface"} <= graph["servematrix.store"]
+    assert {"servematrix.engines.sglang", "servematrix.engines.sglang.flagsurface"} <= graph["servematrix.store.store"]
+
+
+def test_every_module_has_a_layer_and_none_imports_a_higher_one():
+    graph = import_graph()
+    assert {layer_of(module) for module in graph} == set(range(len(LAYERS)))  # each layer holds a module
+    assert upward_imports(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "upward"),
+    [
+        pytest.param(
+            "formats/lockfile.py",
+            "from servematrix.report.rows import version_key\n",
+            ("servematrix.formats.lockfile", "servematrix.report.rows"),
+            id="module-level",
+        ),
+        pytest.param(
+            "store/store.py",
+            "def _planted():\n    from servematrix.planning import schedule\n",
+            ("servematrix.store.store", "servematrix.planning.schedule"),
+            id="inside-a-function",
+        ),
+        pytest.param(
+            "stages/build.py",
+            "def _planted():\n    import importlib\n    return importlib.import_module('servematrix.run.hostinfo')\n",
+            ("servematrix.stages.build", "servematrix.run.hostinfo"),
+            id="importlib-literal",
+        ),
+    ],
+)
+def test_a_planted_upward_import_is_found(package_copy, module, planted, upward):
+    # The copy is the package, which has no upward import (the test above); the planted one makes no circle.
+    _plant(package_copy, module, planted)
+    graph = import_graph(package_copy)
+    found = upward_imports(graph)
+    assert upward in found and {importer for importer, _ in found} == {upward[0]}, found
+    assert not any(set(upward) <= set(component) for component in cycles(graph))
+
+
+def test_a_module_outside_every_layer_is_refused(package_copy):
+    (package_copy / "newpart").mkdir()
+    (package_copy / "newpart" / "__init__.py").write_text('"""A package nobody placed."""\n', encoding="utf-8")
+    with pytest.raises(AssertionError, match=r"servematrix\.newpart is in no layer"):
+        upward_imports(import_graph(package_copy))
 
 
 SPEC_AND_STORE_ONLY = """
 import sys
-from servematrix.spec import load_spec
-from servematrix.store import Store
+from servematrix.config.spec import load_spec
+from servematrix.store.store import Store
 load_spec(sys.argv[1])
 with Store(sys.argv[2]) as store:
     store.record(
@@ -311,8 +408,8 @@ def test_loading_a_spec_or_opening_a_store_imports_no_engine_code(tmp_path):
         text=True,
         check=True,
     ).stdout.split()
-    assert "servematrix.engines" in loaded and "servematrix.store" in loaded
-    assert not [m for m in loaded if m.startswith("servematrix.engines.") or m == "servematrix.cells"], loaded
+    assert "servematrix.engines" in loaded and "servematrix.store.store" in loaded
+    assert not [m for m in loaded if m.startswith("servematrix.engines.") or m == "servematrix.planning.cells"], loaded
 
 
 # Modules that are declarations or data, allowed past the size rule: the run's options, declared once each.

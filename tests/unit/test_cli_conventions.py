@@ -88,7 +88,7 @@ def test_the_wheel_carries_the_backends_files_and_nothing_stray(tmp_path):
 
 
 def test_resources_resolve_in_this_install():
-    from servematrix.resources import resource
+    from servematrix.backends.resources import resource
 
     dockerfile = resource("dockerfile")
     assert dockerfile.read_bytes() == (REPO / "containers" / "Dockerfile").read_bytes()

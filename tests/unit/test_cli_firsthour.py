@@ -8,7 +8,7 @@ import pytest
 
 from servematrix.cli import command_hint, main, next_steps
 from servematrix.stages import STAGES
-from servematrix.store import DEFAULT_STORE
+from servematrix.store.store import DEFAULT_STORE
 from tests.conftest import REPO
 
 

@@ -2,7 +2,7 @@
 GitHub schemas (actionlint cannot be installed here), wired to the fields `plan --format github` emits,
 and, run for real with a stand-in for nox, covering every planned cell exactly once per job group.
 
-tests/unit/test_cells.py covers github_matrix itself; these test the workflow's use of it.
+tests/unit/planning/test_cells.py covers github_matrix itself; these test the workflow's use of it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from servematrix.cli import build_parser
-from servematrix.plan import GITHUB_MAX_JOBS, github_matrix, make_plan
-from servematrix.spec import load_spec
-from servematrix.store import Store
+from servematrix.config.spec import load_spec
+from servematrix.planning.plan import GITHUB_MAX_JOBS, github_matrix, make_plan
+from servematrix.store.store import Store
 from tests.conftest import MATRIX, REPO, installed_tool
 
 pytest.importorskip("check_jsonschema", reason="check-jsonschema is not installed (the test extra has it)")

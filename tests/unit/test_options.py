@@ -1,5 +1,5 @@
 """servematrix.options: every option declared once. The parsers of `servematrix` and of `python -m
-servematrix.nixexport` are built from the declarations alone, an option two commands share parses and fails
+servematrix.scaleout.nixexport` are built from the declarations alone, an option two commands share parses and fails
 alike in both, and the modules that declare and consume options do not import the command line back."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import sys
 
 import pytest
 
-from servematrix import nixexport, options
+from servematrix import options
 from servematrix.backends.registry import CHOICES
 from servematrix.cli import HANDLERS, build_parser, main, parse_args
+from servematrix.scaleout import nixexport
 from servematrix.stages import STAGES
 from tests.conftest import MATRIX, REPO
 
@@ -192,8 +193,8 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_nothing_the_command_line_is_built_from_imports_it_back():
     graph = import_graph()
-    assert "servematrix.slurm" in reachable(graph, "servematrix.cli")  # the graph sees function-level imports
-    for module in ("servematrix.options", "servematrix.slurm", "servematrix.nixexport"):
+    assert "servematrix.scaleout.slurm" in reachable(graph, "servematrix.cli")  # the graph sees function-level imports
+    for module in ("servematrix.options", "servematrix.scaleout.slurm", "servematrix.scaleout.nixexport"):
         around = reachable(graph, module)
         assert "servematrix.cli" not in around, module
         assert module not in around, f"{module} imports itself back"
@@ -204,7 +205,8 @@ def test_a_submission_is_prepared_without_the_command_line(tmp_path):
     with servematrix.cli never imported."""
     code = f"""
 import sys
-from servematrix import options, slurm
+from servematrix import options
+from servematrix.scaleout import slurm
 args = options.validate(options.command_parser("submit", prog="submit").parse_args(
     [{str(SMOKE)!r}, "--slurm", "--out", {str(tmp_path / "o")!r}, "--stages", "resolve"]))
 submission = slurm.prepare(slurm.options_from_args(args))
@@ -251,6 +253,6 @@ def test_nix_export_checks_alike_as_a_subcommand_and_as_a_module(tmp_path):
     for out, code in ((REPO / "nix" / "envs.json", 0), (stale, 1)):
         argv = ("--check", "--out", str(out), "--root", str(REPO))  # every matrix/*.toml
         sub = nix_export(["servematrix", "nix-export"], *argv)
-        module = nix_export(["servematrix.nixexport"], *argv)
+        module = nix_export(["servematrix.scaleout.nixexport"], *argv)
         assert (sub.returncode, sub.stderr) == (module.returncode, module.stderr) == (code, module.stderr)
         assert ("in step with the locks" in sub.stderr) == (code == 0)

@@ -4,7 +4,8 @@ Each backend turns an environment (and its lock, when the resolve stage made one
 can launch the engine's argv: a venv (uv), an image (podman/docker, or built by Nix), the engine's own
 published image, or an installed interpreter. The serve stage does not care which: it gets an argv, an
 environment and a working directory.
-`Backend` is the whole interface; `registry` maps `--backend` names to backends.
+`Backend` is the whole interface; `registry` maps `--backend` names to backends; `resources` finds the files
+they read from the top of the repository (or the wheel's copies).
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ from typing import Any, Literal
 import psutil
 
 from servematrix.backends import BuildInput, Built, LaunchSpec
-from servematrix.lockfile import parse_pins, read_lock_header
-from servematrix.resources import resource
-from servematrix.spec import GpuKind
+from servematrix.backends.resources import resource
+from servematrix.config.spec import GpuKind
+from servematrix.formats.lockfile import parse_pins, read_lock_header
 
 Tool = Literal["podman", "docker"]
 TOOLS: tuple[Tool, ...] = ("podman", "docker")
@@ -87,7 +87,7 @@ def cpuset_options() -> list[str]:
 
 
 def targets_from_plan(plan: Any) -> dict[str, EnvTarget]:
-    """env_id -> EnvTarget for every environment of a plan (servematrix.plan.Plan)."""
+    """env_id -> EnvTarget for every environment of a plan (servematrix.planning.plan.Plan)."""
     targets: dict[str, EnvTarget] = {}
     for cell in plan.cells:
         env = cell.env

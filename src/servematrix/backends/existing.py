@@ -27,7 +27,7 @@ from servematrix.backends.inventory import (
     shown,
 )
 from servematrix.errors import InputError
-from servematrix.lockfile import parse_pins
+from servematrix.formats.lockfile import parse_pins
 from servematrix.util import run_captured
 
 

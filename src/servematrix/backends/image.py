@@ -43,7 +43,7 @@ from servematrix.backends.inventory import (
 )
 from servematrix.backends.tools import INFO_TIMEOUT_S, PULL_TIMEOUT_S
 from servematrix.engines import Engine
-from servematrix.lockfile import parse_pins
+from servematrix.formats.lockfile import parse_pins
 from servematrix.util import run_captured
 
 PULL_FAULT = "image-pull"

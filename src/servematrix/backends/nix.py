@@ -6,7 +6,7 @@ image never sits in the Nix store as a tarball. From then on the image is one th
 run: same layout (/opt/servematrix/env, user 10001), same `run --rm --init` argv, same GPU options from the
 matrix, same teardown. This class builds; a ContainerBackend it owns runs.
 
-The flake reads nix/envs.json (`python -m servematrix.nixexport`), made from the locks. A build first
+The flake reads nix/envs.json (`python -m servematrix.scaleout.nixexport`), made from the locks. A build first
 checks that the entry for the environment was exported from exactly the lock the resolve stage gave (its
 sha256): an image of other versions than the ones the store will record would be a silent lie.
 
@@ -38,9 +38,9 @@ from servematrix.backends.container import (
     lock_required,
     targets_from_plan,
 )
+from servematrix.backends.resources import is_packaged, resource
 from servematrix.backends.tools import probe_tool
-from servematrix.lockfile import parse_pins
-from servematrix.resources import is_packaged, resource
+from servematrix.formats.lockfile import parse_pins
 from servematrix.util import atomic_write, log_tail
 
 IMAGE_REPOSITORY = "localhost/servematrix-nix"  # nix/lib.nix: imageRepository
@@ -139,12 +139,12 @@ class NixBackend:
         if entry is None:
             return failed(
                 f"environment {request.env_id} is not in {self.flake / ENVS_JSON}: export it with "
-                "`python -m servematrix.nixexport` (and `git add nix/envs.json`)"
+                "`python -m servematrix.scaleout.nixexport` (and `git add nix/envs.json`)"
             )
         if entry.get("lock_sha256") != hashlib.sha256(lock_bytes).hexdigest():
             return failed(
                 f"{ENVS_JSON} was exported from another version of {request.lockfile.name}: run "
-                "`python -m servematrix.nixexport` again"
+                "`python -m servematrix.scaleout.nixexport` again"
             )
         installed = parse_pins(lock_bytes.decode("utf-8"))
         lock_hash = request.lock_hash or str(entry.get("inputs_hash", ""))

@@ -29,8 +29,8 @@ from servematrix.backends.image import ImageBackend
 from servematrix.backends.nix import nix_backend
 from servematrix.backends.tools import base_image_problem, probe_tool
 from servematrix.backends.venv import VenvBackend
-from servematrix.cells import axis_packages
 from servematrix.errors import InputError
+from servematrix.planning.cells import axis_packages
 
 CHOICES = ("auto", "podman", "docker", "venv", "nix", "image", "existing")
 

@@ -25,23 +25,24 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from rich.console import Console
 
-from servematrix import hostinfo, verdict
 from servematrix.backends import Backend
-from servematrix.cells import Cell, Environment, content_hash
+from servematrix.config.spec import PACKAGE_NAME, Spec
 from servematrix.engines.hooks import GENERIC_PREFLIGHTS, PreflightInput
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
-from servematrix.locking import resolve_request
-from servematrix.pipeline import cell_row, run_plan
-from servematrix.plan import Plan, plan_spec
-from servematrix.redact import spec_secret_flags
+from servematrix.formats import verdict
+from servematrix.planning.cells import Cell, Environment, content_hash
+from servematrix.planning.plan import Plan, plan_spec
 from servematrix.report.markdown import last_line
 from servematrix.report.regressions import scrub_host_paths
-from servematrix.runplan import RunOptions, gpu_ready, inputs_hash
-from servematrix.spec import PACKAGE_NAME, Spec
+from servematrix.run import hostinfo
+from servematrix.run.pipeline import cell_row, run_plan
+from servematrix.run.runplan import RunOptions, gpu_ready, inputs_hash
 from servematrix.stages import STAGES, importcheck
+from servematrix.stages.locking import resolve_request
 from servematrix.stages.resolve import resolve
-from servematrix.store import Row, Store
+from servematrix.store.redact import spec_secret_flags
+from servematrix.store.store import Row, Store
 
 # The stages a bisection can decide at, cheapest first, and the pipeline stages each one runs.
 PIPELINE_STAGES: Mapping[str, tuple[str, ...]] = {

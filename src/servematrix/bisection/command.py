@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from servematrix.errors import InputError
-from servematrix.store import DEFAULT_STORE
+from servematrix.store.store import DEFAULT_STORE
 
 
 def _say(line: str) -> None:
@@ -28,10 +28,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from servematrix.bisection.checks import Checker, CheckOptions, find_target
     from servematrix.bisection.releases import between, check_ends, default_index, fetch_releases
     from servematrix.bisection.runner import Undecided, bisect, record_note
+    from servematrix.config.spec import load_spec
     from servematrix.engines.plugins import hooks_of
-    from servematrix.plan import Plan
-    from servematrix.runplan import builds_here
-    from servematrix.spec import load_spec
+    from servematrix.planning.plan import Plan
+    from servematrix.run.runplan import builds_here
 
     store = args.store or DEFAULT_STORE
     if not args.matrix.is_file():

@@ -29,7 +29,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from servematrix.errors import InputError
-from servematrix.lockfile import PYPI_INDEX_URL
+from servematrix.formats.lockfile import PYPI_INDEX_URL
 
 # The variables that change uv's and pip's default index for them (the first one set wins).
 INDEX_VARIABLES = ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL")

@@ -15,12 +15,12 @@ from typing import Any, Literal
 
 from packaging.version import Version
 
-from servematrix.bisection import NOTE_PREFIX
 from servematrix.bisection.checks import Check, Checker, Target
 from servematrix.bisection.search import Found, max_steps, search
 from servematrix.errors import InputError
+from servematrix.report.bisectnote import NOTE_PREFIX
 from servematrix.report.markdown import failure_class
-from servematrix.store import Store
+from servematrix.store.store import Store
 
 Label = Literal["good", "bad", "skip"]
 # What a noted row does not take from the row it repeats: its run, times, processes, and the evidence it extends.

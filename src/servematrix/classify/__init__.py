@@ -5,7 +5,8 @@ One module per job:
 - `literals.py`: the literal strings every match of a regex contains, read from its text;
 - `prefilter.py`: which patterns a line can match, by substring tests of those literals;
 - `lines.py`: a log's lines, split in bounded chunks, with terminal control sequences removed;
-- `scanner.py`: the scan itself, of a whole log or of one being written (early abort), ranked by priority.
+- `scanner.py`: the scan itself, of a whole log or of one being written (early abort), ranked by priority;
+- `tracebacks.py`: the packages a Python traceback's frames ran in, for import-time conflicts.
 
 This module re-exports what the rest of servematrix uses, so `from servematrix.classify import ...` works.
 """

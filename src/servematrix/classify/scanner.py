@@ -21,9 +21,9 @@ from typing import Any, BinaryIO
 from servematrix.classify.lines import LINE_SCAN_MAX, LineSplitter, printable
 from servematrix.classify.prefilter import Probe
 from servematrix.classify.signatures import IMPORT_CONFLICT, PLACEHOLDER, Signature, Signatures, load_signatures
+from servematrix.classify.tracebacks import TracebackReader
 from servematrix.errors import InputError, Location
-from servematrix.redact import redact
-from servematrix.tracebacks import TracebackReader
+from servematrix.store.redact import redact
 
 EXCERPT_BEFORE = 3
 # Error messages continue downwards (the dynamo explanation, sglang's hint), so show more after.

@@ -16,10 +16,10 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from servematrix import tomlsource
 from servematrix.classify.prefilter import Prefilter
 from servematrix.errors import InputError, Location
-from servematrix.tomlsource import DataTable, TomlSource
+from servematrix.formats import tomlsource
+from servematrix.formats.tomlsource import DataTable, TomlSource
 
 SCHEMA = 1
 _ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")

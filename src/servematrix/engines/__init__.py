@@ -8,6 +8,8 @@ What data cannot say, an engine's hooks module does (`hooks = "servematrix.engin
 to the contract in `engines/hooks.py`; `engines/plugins.py` imports it and checks the data's names against
 it when a plan is made. This module reads data only, and imports no hooks: loading a spec or reading a
 store loads no engine code. The runner calls hooks by name and knows nothing of any engine.
+An engine's own code lives in a subpackage named for it: `sglang/` (its hooks), `transformers/` (the tiny
+model builder its data names in `model_builders`).
 Engine data files are found in the directories of `SERVEMATRIX_ENGINES` (os.pathsep-separated), then
 among servematrix's own; only their file names (`ENGINE_NAME`) are engine names.
 """
@@ -28,9 +30,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from servematrix import tomlsource
 from servematrix.errors import InputError
-from servematrix.tomlsource import DataTable
+from servematrix.formats import tomlsource
+from servematrix.formats.tomlsource import DataTable
 
 
 class _Ranged(DataTable):

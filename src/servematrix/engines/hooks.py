@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from servematrix.cells import Cell
     from servematrix.engines import Engine
-    from servematrix.verdict import Verdict
+    from servematrix.formats.verdict import Verdict
+    from servematrix.planning.cells import Cell
 
 GENERIC_PREFLIGHTS = ("import",)  # run by the runner's own stages, for any engine; no hook implements them
 

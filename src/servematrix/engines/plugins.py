@@ -14,10 +14,10 @@ from importlib import resources
 from types import ModuleType
 from typing import Any
 
-from servematrix import tomlsource
 from servematrix.engines import Engine, engine_file
 from servematrix.engines.hooks import GENERIC_PREFLIGHTS, HOOKSPECS, Hooks
 from servematrix.errors import InputError
+from servematrix.formats import tomlsource
 
 
 def hooks_of(engine: Engine) -> Hooks:

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from servematrix.engines import load_engine
-from servematrix.redact import secret_variable
+from servematrix.formats.verdict import RETRY_KINDS
 from servematrix.report.escape import code, is_slug, text
 from servematrix.report.rows import comparison, prefill_input_len, speedup_text, tok_s, ttft_ms, version_key
 from servematrix.stages import bench
-from servematrix.store import Row
+from servematrix.store.redact import secret_variable
+from servematrix.store.store import Row
 from servematrix.util import atomic_write
-from servematrix.verdict import RETRY_KINDS
 
 if TYPE_CHECKING:
     from servematrix.engines import Engine

@@ -27,7 +27,7 @@ from servematrix.report.markdown import NO_SPEEDUP, headline_heading, no_speedup
 from servematrix.report.owned import own_folder, replace_owned
 from servematrix.report.regressions import spreads
 from servematrix.report.rows import comparison, version_key
-from servematrix.store import Row
+from servematrix.store.store import Row
 from servematrix.util import atomic_write
 
 MODE_STYLES = ("-", "--", ":", "-.")

@@ -33,12 +33,12 @@ from typing import Any
 
 from servematrix.engines import check_registered
 from servematrix.errors import InputError
+from servematrix.formats.verdict import observed, unserved
+from servematrix.planning.schedule import makespan_line, stored_spans
 from servematrix.report import owned
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
-from servematrix.schedule import makespan_line, stored_spans
-from servematrix.store import Row, Store
+from servematrix.store.store import Row, Store
 from servematrix.util import DEFAULT_WORKDIR
-from servematrix.verdict import observed, unserved
 
 PUBLISHED_SITE = Path("docs")
 PREVIEW_DIR = DEFAULT_WORKDIR / "report"

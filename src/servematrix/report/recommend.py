@@ -14,7 +14,7 @@ from typing import Any
 
 from servematrix.engines import load_engine
 from servematrix.report.rows import comparison, speedup_text, tok_s, ttft_ms, version_key
-from servematrix.store import Row
+from servematrix.store.store import Row
 
 # Verdicts that rule a cell out, and those that say nothing yet (a GPU is needed to decide).
 FAILING = ("fail", "predicted-fail", "unresolvable")

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servematrix.rowschema import COLUMNS, Row, row_problem
+from servematrix.formats.verdict import observed, unserved
 from servematrix.stages import bench
+from servematrix.store.rowschema import COLUMNS, Row, row_problem
 from servematrix.util import atomic_write
-from servematrix.verdict import observed, unserved
 
 SCHEMA = 1
 MIN_DROP = 0.10

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from packaging.version import InvalidVersion, Version
 
 from servematrix.stages import bench
-from servematrix.store import Row
+from servematrix.store.store import Row
 
 if TYPE_CHECKING:
     from servematrix.engines import Engine

@@ -26,10 +26,10 @@ from typing import Any
 
 import jinja2
 
-from servematrix.bisection import notes as bisection_notes
 from servematrix.classify import Signature, load_signatures
 from servematrix.engines import Engine, available_engines, load_engine
 from servematrix.report import escape, markdown
+from servematrix.report.bisectnote import notes as bisection_notes
 from servematrix.report.markdown import (
     Extras,
     axes_text,
@@ -54,7 +54,7 @@ from servematrix.report.regressions import (
     write_export,
 )
 from servematrix.report.rows import comparison, tok_s, ttft_ms, version_key
-from servematrix.store import Row
+from servematrix.store.store import Row
 from servematrix.util import atomic_write
 
 MARKDOWN_NAME = "compatibility.md"

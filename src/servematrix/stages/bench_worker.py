@@ -12,7 +12,7 @@ request), not to the benchmark. This module keeps per-event work to a minimum:
   others, a second test says whether a content field (``content``, ``reasoning_content``, ``reasoning``; or
   ``text`` for completions) holds a non-empty string. In JSON a key is always an unescaped ``"`` + name + ``"``
   followed by ``:``, a sequence that cannot occur inside a string value (its quotes are escaped), so the tests
-  give the answer ``json.loads`` would give for well-formed chunks (``tests/unit/test_bench_worker.py`` checks
+  give the answer ``json.loads`` would give for well-formed chunks (``tests/unit/stages/test_bench_worker.py`` checks
   them against the full parse).
 * Tokens come ONLY from the server's ``usage.completion_tokens`` (the fully parsed last chunks; for sglang's
   ``/generate``, the finished event's ``meta_info.completion_tokens``); TTFT is the first content event; ITL

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from servematrix.backends import Backend, BuildInput, Built
-from servematrix.cells import Environment, requirements
 from servematrix.engines import Engine
+from servematrix.planning.cells import Environment, requirements
 
 
 def build(

@@ -63,7 +63,8 @@ def find_python(version: str) -> str | None:
 def code_files() -> tuple[Path, ...]:
     """The check's own code: this module and the failure classifier it reads import failures with (every
     module of the classify package, not only its re-exporting __init__)."""
-    from servematrix import classify, tracebacks
+    from servematrix import classify
+    from servematrix.classify import tracebacks
 
     return (Path(__file__), *sorted(Path(classify.__file__).parent.glob("*.py")), Path(tracebacks.__file__))
 

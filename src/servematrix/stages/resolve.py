@@ -31,7 +31,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from servematrix.lockfile import (
+from servematrix.formats.lockfile import (
     DEFAULT_PLATFORM,
     DEFAULT_PYTHON_VERSION,
     LOCK_FORMAT,
@@ -43,9 +43,9 @@ from servematrix.lockfile import (
     read_lock_header,
     render_header,
 )
-from servematrix.remotewheel import RemoteWheelError, wheel_metadata
+from servematrix.formats.remotewheel import RemoteWheelError, wheel_metadata
+from servematrix.formats.verdict import harness_faults
 from servematrix.util import Captured, atomic_write, run_captured, uv_env
-from servematrix.verdict import harness_faults
 
 __all__ = [
     "ReleasePinsError",

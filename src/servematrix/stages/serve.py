@@ -31,8 +31,8 @@ import psutil
 from servematrix.backends import LaunchSpec
 from servematrix.classify import LogScanner
 from servematrix.engines import Readiness
-from servematrix.redact import LineRedactingWriter, Redactor
-from servematrix.verdict import Verdict, failed
+from servematrix.formats.verdict import Verdict, failed
+from servematrix.store.redact import LineRedactingWriter, Redactor
 
 TAIL_LINES = 30
 SCAN_INTERVAL_S = 0.1

@@ -16,15 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from servematrix import verdict
 from servematrix.engines.hooks import PreflightInput, PreflightUnavailable
 from servematrix.engines.sglang import flagsurface, traceprobe
 from servematrix.errors import InputError
-from servematrix.verdict import Verdict
+from servematrix.formats import verdict
+from servematrix.formats.verdict import Verdict
 
 if TYPE_CHECKING:  # the contract's types only: a hooks module loads neither the cells nor the engine loader
-    from servematrix.cells import Cell
     from servematrix.engines import Engine
+    from servematrix.planning.cells import Cell
 
 
 def flags(inp: PreflightInput) -> Verdict | None:

@@ -24,7 +24,7 @@ from servematrix.engines.sglang.wheels import (
     download_target,
     download_wheel,
 )
-from servematrix.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION
+from servematrix.formats.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION
 from servematrix.util import atomic_write
 
 __all__ = [

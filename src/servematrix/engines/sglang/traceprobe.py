@@ -37,8 +37,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, Field
 
-from servematrix import tomlsource
-from servematrix.tomlsource import DataTable
+from servematrix.formats import tomlsource
+from servematrix.formats.tomlsource import DataTable
 from servematrix.util import atomic_write, run_captured, uv_env
 
 __all__ = [

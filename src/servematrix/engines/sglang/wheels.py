@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
 
-from servematrix import verdict
-from servematrix.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION, platform_parts
+from servematrix.formats import verdict
+from servematrix.formats.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION, platform_parts
 from servematrix.util import run_captured
 
 

@@ -1,0 +1,377 @@
+"""The matrix spec: a TOML file in matrix/, validated completely before anything is expanded.
+
+Validation is two passes over one file: pydantic checks shapes (unknown keys are errors), then the
+engine's data checks meaning (which axes exist, which modes, which values may be `pinned`). Every error
+is an InputError that names the file, line and key.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field
+
+from servematrix.engines import Engine, load_engine
+from servematrix.errors import InputError
+from servematrix.formats import tomlsource
+from servematrix.formats.lockfile import DEFAULT_PLATFORM
+from servematrix.formats.tomlsource import KeyPath, TomlSource
+
+PINNED = "pinned"
+LOCKED = "locked"  # a package axis left to the resolver
+PACKAGE_NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+# Arguments are never given to a shell, but reproduce commands are pasted into one: a value that needs
+# quoting to be safe is almost always a mistake in a matrix file.
+SHELL_METACHARACTERS = re.compile(r"[;&|$`<>\\\n\r]|\$\(")
+RULE_OPERATORS = ("==", "!=", ">=", "<=", "~=", ">", "<")
+# Names end up in file names, CI job names, HTML and Markdown: keep them to characters that need no
+# quoting or escaping anywhere.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\Z")  # \Z: `$` would let a trailing newline through
+NAME_RULE = "letters, digits and . _ + -, starting with a letter or digit"
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelSpec(_Strict):
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    build: str | None = None  # a model builder of the engine, e.g. "tiny-llama"
+
+
+class ContainerOptions(_Strict):
+    podman_devices: list[str] = []  # CDI names, e.g. nvidia.com/gpu=all
+    docker_gpus: str | None = None  # docker run --gpus VALUE
+    shm_size: str | None = None
+    ulimits: list[str] = []
+    mounts: list[str] = []  # read-only model caches: HOST:CONTAINER
+
+
+class GpuKind(_Strict):
+    arch: str = Field(pattern=r"^(sm_\d+a?|cpu)$")
+    count: int = Field(ge=0)
+    sku: str = ""
+    runner_labels: list[str] = []
+    platform: str = DEFAULT_PLATFORM
+    timeout_minutes: int = Field(default=120, gt=0)
+    args: list[str] = []
+    env: dict[str, str] = {}
+    # One server rank per GPU of the kind, with the engine's tensor-parallel args (engine data
+    # `tensor_parallel`: the size from `count`, and the ports its ranks use, checked valid and free).
+    tensor_parallel: bool = False
+    container: ContainerOptions = ContainerOptions()
+
+
+class CudaKind(_Strict):
+    index_url: str | None = None
+    extra_index_urls: list[str] = []
+    base_image: str | None = None
+
+
+class ServerSpec(_Strict):
+    args: list[str] = []
+    env: dict[str, str] = {}
+    ready_timeout_s: PositiveSeconds | None = None
+    # Flags whose value is a credential, beside the engine's own: masked as *** wherever argv is stored,
+    # printed or published.
+    secret_flags: list[Annotated[str, Field(pattern=r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")]] = []
+
+
+class PrefillProfileSpec(_Strict):
+    """`[bench.prefill]`: the prefill profile, run for every cell of a matrix that has a mode changing prefill
+    (engine data: `phases`), the baseline included. Long prompts, one output token, low concurrency, so each
+    batch stays inside the token range a prefill graph captures (sglang: up to chunked_prefill_size, 8192 on
+    an H200); judged on TTFT and input tok/s. SGLang's own PRs measure prefill graphs with 1024 tokens in."""
+
+    concurrency: list[Annotated[int, Field(gt=0, le=1024)]] = Field(default=[1, 4], min_length=1)
+    input_len: int = Field(default=1024, gt=0, le=131072)
+    output_len: int = Field(default=1, gt=0, le=16)
+    prompts_per_concurrency: int = Field(default=16, gt=0, le=100_000)
+    warmup: int = Field(default=4, ge=0, le=10_000)
+    repeats: int = Field(default=3, ge=1, le=100)
+    min_level_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
+
+
+class BenchSpec(_Strict):
+    # The decode profile (the bench's record itself). Upper bounds: what a run can do in hours, not days; a
+    # value past them is a typo, refused at its line before anything starts (1e9 prompts used to fail after
+    # the server was up; input_len = 1e9 ran out of memory building prompts).
+    concurrency: list[Annotated[int, Field(gt=0, le=1024)]] = Field(min_length=1)
+    input_len: int = Field(gt=0, le=131072)
+    output_len: int = Field(gt=0, le=65536)
+    prompts_per_concurrency: int = Field(gt=0, le=100_000)
+    warmup: int = Field(default=2, ge=0, le=10_000)
+    repeats: int = Field(default=1, ge=1, le=100)
+    # chat or completions (OpenAI), or generate (sglang's native /generate): one the engine lists in `bench_apis`.
+    api: Literal["chat", "completions", "generate"] = "chat"
+    temperature: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    # Each repeat lasts at least this long at the throughput measured in the warmup (0: prompts_per_concurrency).
+    min_level_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    # Server starts per mode, interleaved across an environment's modes (baseline, piecewise, baseline, ...):
+    # the spread between starts was larger than the piecewise effect on a real H200.
+    starts: int = Field(default=1, ge=1, le=10)
+    # The client's worker processes, and how many of the host's CPUs they get to themselves (0: no pinning;
+    # the server then runs on the rest). Its ceiling is measured on this host before the first cell.
+    client_processes: int = Field(default=1, ge=1, le=64)
+    client_cpus: int = Field(default=0, ge=0)
+    prefill: PrefillProfileSpec = PrefillProfileSpec()
+
+
+class SpecFile(_Strict):
+    engine: str
+    description: str = ""
+    python: str = "3.12"
+    model: ModelSpec
+    # Package axes: any package's version, beside the engine's own axes (e.g. kernels = ["locked", "0.14.1"]).
+    # A version is a resolver override, recorded as a crossed pin; `locked` leaves the package to the resolver.
+    packages: list[str] = []
+    axes: dict[str, list[str]]
+    include: list[dict[str, str | list[str]]] = []
+    exclude: list[dict[str, str | list[str]]] = []
+    server: ServerSpec = ServerSpec()
+    gpu: dict[str, GpuKind]
+    cuda: dict[str, CudaKind] = {}
+    bench: BenchSpec
+
+
+def matrix_json_schema() -> dict[str, Any]:
+    """The JSON schema of a matrix file, for editors (`servematrix schema`; matrix/schema.json is its output)."""
+    schema = SpecFile.model_json_schema()
+    schema["title"] = "servematrix matrix"
+    schema["description"] = (
+        "A servematrix matrix file: version axes, rules, server arguments, GPU kinds and the benchmark workload. "
+        "Engine-dependent checks (axis names, versions, modes) are made by `servematrix plan`."
+    )
+    return schema
+
+
+class Rule(BaseModel):
+    """An include/exclude rule: axis -> accepted values (exact strings or version specifiers)."""
+
+    model_config = ConfigDict(frozen=True)
+    conditions: tuple[tuple[str, tuple[str, ...]], ...]
+    line: int | None = None
+
+    def matches(self, values: dict[str, str]) -> bool:
+        return all(any(_value_matches(values.get(k, ""), want) for want in wants) for k, wants in self.conditions)
+
+
+def _value_matches(value: str, wanted: str) -> bool:
+    if wanted.startswith(RULE_OPERATORS):
+        try:
+            return SpecifierSet(wanted).contains(Version(value), prereleases=True)
+        except InvalidVersion:
+            return False  # `pinned` never satisfies a numeric range
+    return value == wanted
+
+
+class Spec(BaseModel):
+    """A validated matrix: the input of expansion."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    path: Path
+    engine: Engine
+    file: SpecFile
+    include: tuple[Rule, ...]
+    exclude: tuple[Rule, ...]
+    axes_line: int | None = None  # for errors about the matrix as a whole, e.g. too many cells
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return (*self.engine.axes, *self.file.packages, "gpu")
+
+
+def load_spec(path: Path | str) -> Spec:
+    source = tomlsource.load(Path(path))
+    file = tomlsource.validate(source, SpecFile)
+    _check_names(source, file)
+    engine = _engine(source, file)
+    _check_axes(source, file, engine)
+    _check_bench(source, file, engine)
+    _check_arguments(source, file)
+    _check_tensor_parallel(source, file, engine)
+    exclude = tuple(_rule(source, ("exclude", i), r, file, engine) for i, r in enumerate(file.exclude))
+    include = tuple(_rule(source, ("include", i), r, file, engine) for i, r in enumerate(file.include))
+    _check_includes(source, include, engine)
+    return Spec(
+        path=Path(path),
+        engine=engine,
+        file=file,
+        include=include,
+        exclude=exclude,
+        axes_line=source.line_of(("axes",)),
+    )
+
+
+def _check_names(source: TomlSource, file: SpecFile) -> None:
+    places: list[tuple[KeyPath, str, str]] = [(("engine",), file.engine, "engine name")]
+    places += [(("gpu", name), name, "GPU kind name") for name in file.gpu]
+    places += [(("cuda", name), name, "CUDA kind name") for name in file.cuda]
+    places += [(("axes", "mode", i), mode, "mode name") for i, mode in enumerate(file.axes.get("mode", []))]
+    for where, name, what in places:
+        if not NAME.match(name):
+            raise source.error(where, f"{name!r} is not a valid {what}: use {NAME_RULE}")
+
+
+def _check_bench(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    if file.bench.api not in engine.bench_apis:
+        raise source.error(
+            ("bench", "api"),
+            f"engine {engine.name} does not serve the {file.bench.api!r} API; use one of {list(engine.bench_apis)}",
+        )
+    for where, levels in ((("bench",), file.bench.concurrency), (("bench", "prefill"), file.bench.prefill.concurrency)):
+        seen: dict[int, int] = {}
+        for index, level in enumerate(levels):
+            if level in seen:
+                raise source.error((*where, "concurrency", index), f"concurrency {level} is listed twice")
+            seen[level] = index
+
+
+def _check_tensor_parallel(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    """A kind that asks for tensor parallelism needs the engine's data to say how, for every version."""
+    for name, kind in file.gpu.items():
+        if not kind.tensor_parallel or kind.count < 2:
+            continue
+        for version in file.axes.get(engine.version_axis, []):
+            if engine.tensor_parallel_for(version) is None:
+                raise source.error(
+                    ("gpu", name, "tensor_parallel"),
+                    f"engine {engine.name} {version} does not say how to serve tensor-parallel (its data has no "
+                    "[[tensor_parallel]] row for this version)",
+                )
+
+
+def _engine(source: TomlSource, file: SpecFile) -> Engine:
+    try:
+        return load_engine(file.engine)
+    except InputError as exc:
+        raise source.error(("engine",), exc.message) from None
+
+
+def _check_packages(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    seen: set[str] = set()
+    for index, name in enumerate(file.packages):
+        if not PACKAGE_NAME.match(name) or canonicalize_name(name) != name:
+            raise source.error(("packages", index), f"{name!r} is not a package name (lowercase, as pip normalises it)")
+        if name in (*engine.axes, "gpu", "mode") or name in seen:
+            raise source.error(("packages", index), f"{name!r} is already an axis")
+        seen.add(name)
+
+
+def _check_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    _check_packages(source, file, engine)
+    known = (*engine.axes, *file.packages, "gpu", "mode")
+    for axis, values in file.axes.items():
+        if axis not in known:
+            raise source.error(("axes", axis), f"unknown axis for engine {engine.name} (axes: {', '.join(known)})")
+        if not values:
+            raise source.error(("axes", axis), "axis is empty: give at least one value")
+        seen: dict[str, int] = {}
+        for index, value in enumerate(values):
+            _check_axis_value(source, ("axes", axis, index), axis, value, file, engine)
+            # 0.5.9 and 0.5.09 are one version: both would build and run the same cells twice.
+            same = _canonical(value)
+            if same in seen:
+                first = source.line_of(("axes", axis, seen[same]))
+                raise source.error(
+                    ("axes", axis, index),
+                    f"duplicate value {value!r} (already listed as {values[seen[same]]!r}"
+                    + (f" on line {first})" if first else ")"),
+                )
+            seen[same] = index
+    for axis in known:
+        if axis not in file.axes:
+            raise source.error(("axes",), f"axis {axis!r} is missing")
+
+
+def _check_axis_value(
+    source: TomlSource, where: KeyPath, axis: str, value: str, file: SpecFile, engine: Engine
+) -> None:
+    if axis == "mode":
+        if value not in engine.modes:
+            raise source.error(where, f"unknown mode {value!r} for {engine.name} (modes: {', '.join(engine.modes)})")
+    elif axis == "gpu":
+        if value not in file.gpu:
+            raise source.error(where, f"unknown GPU kind {value!r}: define it in a [gpu.{value}] table")
+    elif axis in file.packages and value == LOCKED:
+        return
+    elif value == PINNED:
+        if axis not in engine.pinnable:
+            raise source.error(
+                where, f"{axis} cannot be {PINNED!r}: only {', '.join(engine.pinnable) or 'no axis'} can"
+            )
+    else:
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise source.error(where, f"{value!r} is not a valid version") from None
+
+
+def _canonical(value: str) -> str:
+    try:
+        return str(Version(value))
+    except InvalidVersion:
+        return value
+
+
+def _check_arguments(source: TomlSource, file: SpecFile) -> None:
+    places: list[tuple[KeyPath, str]] = [(("model", "path"), file.model.path)]
+    places += [(("server", "args", i), a) for i, a in enumerate(file.server.args)]
+    places += [(("server", "env", k), v) for k, v in file.server.env.items()]
+    for name, kind in file.gpu.items():
+        places += [(("gpu", name, "args", i), a) for i, a in enumerate(kind.args)]
+        places += [(("gpu", name, "env", k), v) for k, v in kind.env.items()]
+    for where, value in places:
+        if SHELL_METACHARACTERS.search(value):
+            raise source.error(
+                where, f"{value!r} contains shell metacharacters; give each argument as its own list item"
+            )
+
+
+def _rule(source: TomlSource, where: KeyPath, raw: dict[str, str | list[str]], file: SpecFile, engine: Engine) -> Rule:
+    known = (*engine.axes, *file.packages, "gpu", "mode")
+    if not raw:
+        raise source.error(where, "rule is empty")
+    conditions = []
+    for key, value in raw.items():
+        if key not in known:
+            raise source.error((*where, key), f"unknown axis in rule (axes: {', '.join(known)})")
+        wanted = (value,) if isinstance(value, str) else value
+        for item in wanted:
+            if item.startswith(RULE_OPERATORS):
+                try:
+                    SpecifierSet(item)
+                except InvalidSpecifier:
+                    raise source.error((*where, key), f"{item!r} is not a valid version specifier") from None
+            elif key in ("gpu", "mode") or item in (PINNED, LOCKED):
+                _check_axis_value(source, (*where, key), key, item, file, engine)
+            else:
+                try:
+                    Version(item)
+                except InvalidVersion:
+                    raise source.error((*where, key), f"{item!r} is not a valid version or specifier") from None
+        conditions.append((key, tuple(wanted)))
+    return Rule(conditions=tuple(conditions), line=source.line_of(where))
+
+
+def _check_includes(source: TomlSource, include: tuple[Rule, ...], engine: Engine) -> None:
+    for index, rule in enumerate(include):
+        given = dict(rule.conditions)
+        for axis in (*engine.axes, "gpu"):
+            if axis not in given:
+                raise source.error(("include", index), f"an include names one environment: {axis!r} is missing")
+            if len(given[axis]) != 1 or given[axis][0].startswith(RULE_OPERATORS):
+                raise source.error(("include", index, axis), "an include takes one exact value per axis")
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)

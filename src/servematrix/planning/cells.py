@@ -1,0 +1,275 @@
+"""Expansion: a validated Spec becomes environments and cells with content-hash ids.
+
+An environment is a point on the version axes plus a GPU kind; a cell is an environment and a mode.
+Ids hash canonical JSON of the inputs only (no paths, timestamps or dict order), so the same matrix
+gives the same ids on any machine, in any checkout and in any run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from packaging.requirements import Requirement
+
+from servematrix.config.spec import LOCKED, PINNED, GpuKind, Rule, Spec, warn
+from servematrix.engines import Engine, ModeFlags
+from servematrix.errors import InputError, Location
+
+DEFAULT_HOST = "127.0.0.1"
+# A guard against a matrix that would exhaust memory (2,000,000 cells took 5.9 GB before failing), far
+# above any matrix a fleet runs: the product matrix has 52 cells, and 10,000 plan in well under 2 s.
+DEFAULT_MAX_CELLS = 20_000
+
+
+def content_hash(payload: Any, length: int = 12) -> str:
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:length]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Environment:
+    env_id: str
+    engine: str
+    axes: Mapping[str, str]  # the engine's version axes, then gpu
+    gpu: GpuKind
+    python: str
+
+    @property
+    def version(self) -> str:
+        """The engine's own version (the first axis)."""
+        return next(iter(self.axes.values()))
+
+    @property
+    def ranks(self) -> int:
+        """The server's ranks: one per GPU on a kind that asks for tensor parallelism, else one."""
+        return self.gpu.count if self.gpu.tensor_parallel and self.gpu.count > 1 else 1
+
+    def effective(self, axis: str, pins: Mapping[str, Mapping[str, str]]) -> str | None:
+        """The axis value, with `pinned` replaced by the release's known pin where the engine data has one."""
+        value = self.axes.get(axis)
+        if value == PINNED:
+            return pins.get(self.version, {}).get(axis)
+        return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    id: str
+    env: Environment
+    mode: str
+    applicable: bool
+    reason: str
+    command: tuple[str, ...]
+    server_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def env_id(self) -> str:
+        return self.env.env_id
+
+    def selectable(self) -> dict[str, str]:
+        """The values --select and include/exclude rules see."""
+        return {**self.env.axes, "mode": self.mode, "engine": self.env.engine, "env": self.env_id, "id": self.id}
+
+    def to_contract(self) -> dict[str, Any]:
+        """The `plan --format json` shape of the design contract."""
+        return {
+            "id": self.id,
+            "env_id": self.env_id,
+            "engine": self.env.engine,
+            "mode": self.mode,
+            "axes": dict(self.env.axes),
+            "applicable": self.applicable,
+            "reason": self.reason,
+            "command": list(self.command),
+            "requires": {"gpu_arch": self.env.gpu.arch, "gpus": self.env.gpu.count},
+        }
+
+
+def environment_points(spec: Spec) -> list[dict[str, str]]:
+    """Every point (version axes + gpu) of the full product, before rules apply."""
+    names = spec.axis_names
+    axes = spec.file.axes
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def cell_bound(spec: Spec) -> tuple[int, int]:
+    """At most how many cells expand() makes, computed from the axis sizes without expanding: the full
+    product of the axes, and what includes add to it (excludes only remove)."""
+    modes = spec.file.axes["mode"]
+    product = math.prod(len(spec.file.axes[axis]) for axis in (*spec.axis_names, "mode"))
+    included = sum(len(dict(rule.conditions).get("mode", modes)) for rule in spec.include)
+    return product, included
+
+
+def check_cell_limit(spec: Spec, max_cells: int = DEFAULT_MAX_CELLS) -> None:
+    product, included = cell_bound(spec)
+    if product + included <= max_cells:
+        return
+    sizes = " x ".join(f"{len(spec.file.axes[axis])} {axis}" for axis in (*spec.axis_names, "mode"))
+    if included:
+        sizes += f", + {included:,} included"
+    raise InputError(
+        f"the matrix expands to up to {product + included:,} cells ({sizes}), more than the limit of "
+        f"{max_cells:,}: narrow the axes, or raise the limit with --max-cells N",
+        Location(file=spec.path, line=spec.axes_line, key="axes"),
+    )
+
+
+def expand(spec: Spec, *, max_cells: int = DEFAULT_MAX_CELLS) -> list[Cell]:
+    """All cells of the matrix; an InputError before any work when there would be more than max_cells."""
+    check_cell_limit(spec, max_cells)
+    names = spec.axis_names
+    modes = spec.file.axes["mode"]
+    candidates = [{**point, "mode": mode} for point in environment_points(spec) for mode in modes]
+    used: set[int] = set()
+    kept = []
+    for values in candidates:
+        hit = _first_match(spec.exclude, values)
+        if hit is None:
+            kept.append(values)
+        else:
+            used.add(hit)
+    for index, rule in enumerate(spec.exclude):
+        if index not in used:
+            warn(f"{spec.path}:{rule.line}: exclude[{index}]: rule matches no cell")
+    present = {tuple(values.items()) for values in kept}
+    for rule in spec.include:
+        given = dict(rule.conditions)
+        point = {axis: given[axis][0] for axis in names}
+        for mode in given.get("mode", modes):
+            values = {**point, "mode": mode}
+            if tuple(values.items()) not in present:
+                present.add(tuple(values.items()))
+                kept.append(values)
+    environments: dict[tuple[str, ...], Environment] = {}
+    # Flags and argv depend only on (mode, engine version, GPU kind): a matrix has few of those and
+    # many cells, so each is computed once.
+    flags: dict[tuple[str, str, str], tuple[ModeFlags, tuple[str, ...]]] = {}
+    cells = []
+    for values in kept:
+        key = tuple(values[n] for n in names)
+        env = environments.get(key)
+        if env is None:
+            env = environments[key] = _environment(spec, {n: values[n] for n in names})
+        mode = values["mode"]
+        memo = (mode, env.version, env.axes["gpu"])
+        cached = flags.get(memo)
+        if cached is None:
+            mode_flags = spec.engine.mode_flags_for(mode, env.version)
+            command = server_command(spec, env, mode_flags.args) if mode_flags.applicable else ()
+            cached = flags[memo] = (mode_flags, command)
+        cells.append(_cell(spec, env, mode, *cached))
+    return cells
+
+
+def _first_match(rules: Iterable[Rule], values: dict[str, str]) -> int | None:
+    for index, rule in enumerate(rules):
+        if rule.matches(values):
+            return index
+    return None
+
+
+def _environment(spec: Spec, axes: dict[str, str]) -> Environment:
+    gpu = spec.file.gpu[axes["gpu"]]
+    identity = {
+        "engine": spec.engine.name,
+        "axes": axes,
+        "gpu": {"arch": gpu.arch, "count": gpu.count, "platform": gpu.platform},
+        "python": spec.file.python,
+    }
+    return Environment(
+        env_id=content_hash(identity),
+        engine=spec.engine.name,
+        axes=MappingProxyType(dict(axes)),
+        gpu=gpu,
+        python=spec.file.python,
+    )
+
+
+def server_command(
+    spec: Spec,
+    env: Environment,
+    mode_args: tuple[str, ...],
+    *,
+    port: int | None = None,
+    host: str = DEFAULT_HOST,
+    model: str | None = None,
+) -> tuple[str, ...]:
+    """The exact server argv: launch + common args + GPU-kind args (with the engine's tensor-parallel args on a
+    kind that asks for them) + mode args, in this version's spelling."""
+    engine = spec.engine
+    values = {
+        "model": model if model is not None else spec.file.model.path,
+        "host": host,
+        "port": str(port if port is not None else engine.default_port),
+    }
+    launch = tuple(part.format_map(values) for part in engine.launch_argv(env.version))
+    parallel = engine.tensor_parallel_args(env.version, gpus=env.ranks, port=int(values["port"]))
+    args = (*spec.file.server.args, *env.gpu.args, *parallel, *mode_args)
+    return launch + engine.rename_flags(args, env.version)
+
+
+def _cell(spec: Spec, env: Environment, mode: str, flags: ModeFlags, command: tuple[str, ...]) -> Cell:
+    server_env = {**spec.engine.env, **spec.file.server.env, **env.gpu.env}
+    identity = {
+        "env_id": env.env_id,
+        "mode": mode,
+        "command": list(command),
+        "env": server_env,
+        "applicable": flags.applicable,
+    }
+    return Cell(
+        id=content_hash(identity),
+        env=env,
+        mode=mode,
+        applicable=flags.applicable,
+        reason=flags.reason,
+        command=command,
+        server_env=MappingProxyType(server_env),
+    )
+
+
+# ------------------------------------------------------------------------------ what an environment installs
+
+
+def requirements(
+    env: Environment, engine: Engine, packages: Sequence[str] = ()
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(requirements, overrides) from an environment's axes.
+
+    The engine's own version is a requirement. An axis the release pins (torch, flashinfer for sglang)
+    is left to the pin when `pinned`, and is otherwise a resolver override, since it may cross the
+    release's exact pin. Axes the engine does not pin are plain requirements.
+    """
+    reqs: list[str] = []
+    overrides: list[str] = []
+    for axis in engine.axes:
+        template = engine.requirements.for_axis(axis)
+        value = env.axes[axis]
+        if template is None or value == PINNED:
+            continue
+        line = template.format(version=value)
+        (overrides if axis in engine.pinnable else reqs).append(line)
+    # Package axes (the matrix's `packages`): a version overrides whatever the resolver would pick.
+    overrides += [f"{axis}=={value}" for axis, value in env.axes.items() if axis in packages and value != LOCKED]
+    return (*reqs, *engine.requirements.extra), tuple(overrides)
+
+
+def axis_packages(env: Environment, engine: Engine, packages: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(package, version) for each version axis with a known value: `pinned` is the release's known pin,
+    and a package axis (the matrix's `packages`) at `locked` says nothing."""
+    out = [(axis, value) for axis, value in env.axes.items() if axis in packages and value != LOCKED]
+    for axis in engine.axes:
+        template = engine.requirements.for_axis(axis)
+        value = env.effective(axis, engine.pins)
+        if template is None or value is None or value == PINNED:
+            continue
+        out.append((Requirement(template.format(version=value)).name, value))
+    return sorted(out)

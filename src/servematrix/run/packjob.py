@@ -1,0 +1,65 @@
+"""One job of a packed run, in a process of its own: `python -m servematrix.run.packjob`, its job on stdin.
+
+It ends with the harness that started it (PR_SET_PDEATHSIG: SIGTERM when the harness dies, SIGKILL included),
+runs on its GPUs (CUDA_VISIBLE_DEVICES, numbered as nvidia-smi numbers them) and CPUs (its affinity, which its
+servers and benchmark client inherit), and runs its cells through the ordinary pipeline. SIGTERM and SIGINT
+stop it as they stop a run: its servers are torn down and its cell is marked interrupted (exit 130). The
+harness (`packing.py`) reads the verdicts from the store.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+
+from rich.console import Console
+
+from servematrix.config.spec import load_spec
+from servematrix.errors import EXIT_BAD_INPUT, InputError
+from servematrix.planning.plan import plan_spec
+from servematrix.run.packing import PackedJob
+from servematrix.run.pipeline import run_plan
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+EXIT_INTERRUPTED = 130
+
+
+def main() -> int:
+    job: PackedJob = pickle.load(sys.stdin.buffer)  # written by the harness that started this process
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    try:
+        _end_with(job.harness_pid)
+        os.sched_setaffinity(0, job.placement.cpus)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in job.placement.gpus)
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's own order is fastest first, not nvidia-smi's
+        plan = plan_spec(load_spec(job.matrix), [f"id={'|'.join(job.cell_ids)}"], max_cells=job.max_cells)
+        run_plan(plan, job.backend, job.options, console=Console(file=sys.stdout, width=160))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except InputError as exc:
+        print(f"servematrix: {exc}", flush=True)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def _end_with(harness_pid: int) -> None:
+    """SIGTERM this process when the harness dies; if it already has, stop now."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != harness_pid:
+        raise KeyboardInterrupt
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # Once: a second signal must not cut short the teardown the first one started.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,625 @@
+"""`servematrix run`: each environment, then each of its cells, through the stages in order.
+
+    resolve (uv lock) → build (venv | image) → probe (CPU checks) → serve (launch, ready, early abort) → bench
+
+Each stage is a small named function that may end the cell with a verdict. Environment-level stages
+(resolve, build) run once and are shared by every mode. Every finished cell is written to the store at
+once, so a crash loses nothing finished; a row is opened before a server starts, with its process
+group, so the next run can reap a server orphaned by a killed harness.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from servematrix.backends import Backend, Built
+from servematrix.engines.hooks import Hooks, PreflightInput, PreflightUnavailable
+from servematrix.engines.plugins import hooks_of
+from servematrix.errors import InputError
+from servematrix.formats import verdict
+from servematrix.formats.verdict import Verdict
+from servematrix.planning.cells import Cell, Environment
+from servematrix.planning.plan import Plan
+from servematrix.run import hostinfo, ports, reuse
+from servematrix.run.models import ModelBuildError, StackImportError
+from servematrix.run.packing import Packed, jobs_to_pack, run_packed
+from servematrix.run.progress import RunProgress, print_summary, skip_message, wrap_free
+from servematrix.run.reaper import reap_orphans
+from servematrix.run.runplan import (  # re-exported: what a run will do is decided there
+    RunOptions,
+    Summary,
+    check_inputs,
+    gpu_ready,
+    inputs_hash,
+    reuse_for,
+    unchanged,
+)
+from servematrix.run.serving import CellServer, Served
+from servematrix.stages import build, importcheck
+from servematrix.stages.locking import default_lock_dir, resolve_request
+from servematrix.stages.resolve import ResolveOutcome, resolve, resolve_cached
+from servematrix.store.redact import masked_flags, redact_argv, spec_secret_flags
+from servematrix.store.store import Store
+from servematrix.store.store import now as store_now
+from servematrix.util import log_tail
+
+
+def run_plan(plan: Plan, backend: Backend, options: RunOptions, console: Console | None = None) -> Summary:
+    console = console or Console(stderr=True)
+    summary = Summary(run_id=options.run_id)
+    check_inputs(plan, options)
+    store = Store(options.store)
+    try:
+        summary.reaped = reap_orphans(store)
+        backend.reap_orphans()
+        if summary.reaped:
+            console.print(f"[yellow]killed {len(summary.reaped)} orphaned server process(es) of an earlier run[/]")
+        runner = _Runner(plan=plan, backend=backend, options=options, store=store, console=console, summary=summary)
+        runner.run()
+    finally:
+        store.close()
+    return summary
+
+
+@dataclass
+class _Pending:
+    cell: Cell
+    prediction: Verdict | None
+    starts: list[Served]
+
+
+@dataclass
+class _EnvState:
+    env: Environment
+    resolved: ResolveOutcome | None = None
+    built: Built | None = None
+    ended: Verdict | None = None  # an environment-level verdict that ends every cell
+    notes: tuple[str, ...] = ()  # environment-level evidence for every cell (e.g. the import check)
+    pending: dict[str, _Pending] = field(default_factory=dict)  # served cells with more starts to come
+    imported: bool = False  # the import check ran (its verdict, if any, is in `ended`)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _CellRun:
+    """One cell on its way through the cell stages: what an earlier stage tells a later one."""
+
+    state: _EnvState
+    cell: Cell
+    prediction: Verdict | None = None  # the CPU pre-flights' verdict, checked by serving the cell
+    probed: tuple[str, ...] = ()  # what the pre-flights that passed found (evidence)
+    extra: dict[str, Any] = field(default_factory=dict)  # fields its row takes besides the verdict's
+
+
+@dataclass
+class _Runner:
+    plan: Plan
+    backend: Backend
+    options: RunOptions
+    store: Store
+    console: Console
+    summary: Summary
+    _unavailable_said: set[tuple[str, str]] = field(default_factory=set)  # (pre-flight, reason) said this run
+    host: dict[str, Any] = field(init=False)  # this host's facts, in every row
+    _started: str = field(init=False)  # when the run began: a claim older than this is a dead run's
+    _secret_flags: frozenset[str] = field(init=False)
+    _progress: RunProgress = field(init=False)  # made by run(), once it knows how many cells it runs
+    _server: CellServer = field(init=False)  # serves a cell once (serving.py)
+
+    def __post_init__(self) -> None:
+        self.host = hostinfo.host().to_dict()
+        self._started = store_now()
+        self._secret_flags = spec_secret_flags(self.plan.spec)
+        self._server = CellServer(
+            plan=self.plan,
+            backend=self.backend,
+            options=self.options,
+            store=self.store,
+            console=self.console,
+            secret_flags=self._secret_flags,
+            stage=self._stage,
+            note=self._stage_note,
+        )
+
+    @functools.cached_property
+    def _hooks(self) -> Hooks:
+        return hooks_of(self.plan.spec.engine)
+
+    @functools.cached_property
+    def _reuse(self) -> reuse.Reuse:
+        return reuse_for(self.plan, self.options)
+
+    def run(self) -> None:
+        spec = self.plan.spec
+        todo: dict[str, list[Cell]] = {}
+        for cell in self.plan.cells:
+            if unchanged(self.store, self.plan, cell, self.options):
+                self.summary.skipped_unchanged += 1
+                continue
+            todo.setdefault(cell.env_id, []).append(cell)
+        total = sum(len(c) for c in todo.values())
+        if self.summary.skipped_unchanged:
+            wrap_free(self.console, skip_message(self.summary.skipped_unchanged))
+        self._check_imports_ahead(todo)
+        packed = jobs_to_pack(self.plan, todo)
+        self._progress = RunProgress(self.console, title=spec.path.name, total=total)
+        with self._progress.shown():
+            by_id = {c.id: c for c in self.plan.cells}
+            for env_id, cells in todo.items():
+                if env_id in packed:
+                    continue  # run below, at the same time as the others on this host's GPUs
+                state = _EnvState(env=cells[0].env)
+                for cell in cells:
+                    self._claimed_cell(state, cell)
+                    if cell.id in state.pending:
+                        continue  # more server starts follow: counted when the cell is finished
+                    self._progress.finished(cell, self.summary.verdicts.get(cell.id, "?"))
+                for cell_id in self._more_starts(state):
+                    self._progress.finished(by_id[cell_id], self.summary.verdicts.get(cell_id, "?"))
+            packing = self._run_packed(packed) if packed else None
+        if self.summary.skipped_owned:
+            owners = sorted(set(self.summary.skipped_owned.values()))
+            self.console.print(
+                f"{len(self.summary.skipped_owned)} cell(s) skipped: another live run on this store (pid "
+                f"{', '.join(map(str, owners))}) was running them"
+            )
+        print_summary(self.console, self.options.run_id, {c.id: c for c in self.plan.cells}, self.summary.verdicts)
+        if packing is not None:
+            wrap_free(self.console, packing.line())
+
+    def _run_packed(self, envs: Mapping[str, Sequence[Cell]]) -> Packed:
+        """The environments that need this host's GPUs, packed onto them (packing.py). A cell whose job died
+        before deciding it is the harness's fault."""
+        packed = run_packed(
+            self.plan,
+            self.backend,
+            self.options,
+            envs,
+            store=self.store,
+            console=self.console,
+            finished=self._progress.finished,
+        )
+        self.summary.verdicts.update(packed.verdicts)
+        for env_id, why in packed.failed.items():
+            for cell in envs[env_id]:
+                if cell.id not in packed.verdicts:
+                    self._record(cell, _EnvState(env=cell.env), verdict.error("harness", excerpt=why))
+                    self._progress.finished(cell, self.summary.verdicts[cell.id])
+        return packed
+
+    def _check_imports_ahead(self, todo: dict[str, list[Cell]]) -> None:
+        """The import checks this run will need, each distinct current lock once and as many at once as the host
+        has room for (importcheck.check_all); each environment then reads its result from the check's cache."""
+        engine = self.plan.spec.engine
+        if not (self._wants("import") and "import" in engine.preflight):
+            return
+        lock_dir = self.options.lock_dir or default_lock_dir(self.plan)
+        by_python: dict[str, list[Path]] = {}
+        for env_id, cells in todo.items():
+            env = cells[0].env
+            if gpu_ready(env) or all(
+                not c.applicable or self._reuse.lookup(c, this_host_lacks_gpus=True) for c in cells
+            ):
+                continue
+            current = resolve_cached(resolve_request(self.plan, env_id), out_dir=lock_dir)
+            if current is not None and current.lockfile is not None:
+                by_python.setdefault(env.python, []).append(current.lockfile)
+        for python, locks in by_python.items():
+            distinct = importcheck.distinct_locks([p.name.removesuffix(".lock.txt") for p in locks], lock_dir)
+            jobs = min(distinct, importcheck.room(self.options.workdir / "cache"))
+            if jobs > 1:
+                self._stage_note(
+                    f"import checks: {distinct} distinct lock(s) of {len(locks)} environment(s), {jobs} at once"
+                )
+                cache = self.options.workdir / "cache"
+                importcheck.check_all(locks, engine, python_version=python, cache_dir=cache, jobs=jobs)
+
+    def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
+        """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""
+        claim = self.store.claim(
+            **self._row(cell, state),
+            harness_pid=os.getpid(),
+            hostname=hostinfo.host().hostname,
+            rerun=self.options.rerun,
+            since=self._started,
+        )
+        if claim.owner_pid is not None:
+            self.summary.skipped_owned[cell.id] = claim.owner_pid
+            self.console.print(f"{cell.id}: another run (pid {claim.owner_pid}) is running this cell: skipped")
+            return
+        if claim.unchanged:
+            self.summary.skipped_unchanged += 1
+            return
+        self._guarded(
+            cell, state, lambda: self._run_cell(state, cell), lambda result: self._record(cell, state, result)
+        )
+
+    def _guarded(
+        self, cell: Cell, state: _EnvState, work: Callable[[], None], on_fault: Callable[[Verdict], None]
+    ) -> None:
+        """The one place where an exception becomes a verdict (as nox's SessionRunner.execute), for a cell or
+        one server start of it: SIGINT and bad input stop the run, the cell's claim ended `interrupted`; any
+        other exception is a verdict (`_verdict_of`) handed to `on_fault`, and the run goes on."""
+        try:
+            work()
+        except KeyboardInterrupt:
+            self._end_claim(cell, "interrupted", "interrupted (SIGINT/SIGTERM)")
+            raise
+        except InputError:
+            self._end_claim(cell, "interrupted", "the run stopped on bad input")
+            raise
+        except Exception as exc:
+            on_fault(self._verdict_of(exc, state))
+
+    def _verdict_of(self, exc: Exception, state: _EnvState) -> Verdict:
+        """What an exception says. A model the cell's environment could not build: the stack's failure when
+        the stack itself did not import there (then every cell of the environment shares it), else the
+        harness's. Anything else is the harness's (no free port, a crash of servematrix): retried next run."""
+        if isinstance(exc, ModelBuildError):
+            result = self._model_build_verdict(exc)
+            if result.final:
+                state.ended = result
+            return result
+        if isinstance(exc, ports.NoPortError):
+            return verdict.error("harness", excerpt=f"port: {exc}")
+        return verdict.error("harness", excerpt=f"{type(exc).__name__}: {exc}")
+
+    def _more_starts(self, state: _EnvState) -> list[str]:
+        """The further server starts of the environment's served cells, interleaved across its modes
+        (baseline, piecewise, baseline, piecewise, ...); a cell stops at its first start that does not pass.
+        Returns the cells finished here."""
+        for _ in range(1, self._server.starts):
+            for pending in state.pending.values():
+                if pending.starts[-1].result.kind == "pass":
+                    pending.starts.append(self._start(state, pending.cell))
+        for pending in state.pending.values():
+            self._finish_served(state, pending.cell, pending.starts, pending.prediction)
+        finished = list(state.pending)
+        state.pending.clear()
+        return finished
+
+    def _end_claim(self, cell: Cell, result: str, excerpt: str) -> None:
+        if cell.id not in self.summary.verdicts:
+            self.store.finish(self.options.run_id, cell.id, verdict=result, excerpt=excerpt)
+            self.summary.verdicts[cell.id] = result
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _inputs(self, cell: Cell) -> str:
+        return inputs_hash(self.plan, cell, self.options.stages)
+
+    def _stage(self, cell: Cell, name: str) -> None:
+        self._progress.stage(cell, name)
+
+    def _wants(self, stage: str) -> bool:
+        return stage in self.options.stages
+
+    def _row(self, cell: Cell, state: _EnvState, argv: Sequence[str] | None = None) -> dict[str, Any]:
+        return cell_row(
+            self.plan,
+            cell,
+            run_id=self.options.run_id,
+            inputs=self._inputs(cell),
+            host=self.host,
+            backend=self.backend.name,
+            secret_flags=self._secret_flags,
+            resolved=state.resolved,
+            built=state.built,
+            argv=argv,
+        ) | {"preflight_hash": self._reuse.hash_for(cell)}
+
+    def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
+        self.store.record(
+            **{**self._row(cell, state), **extra},
+            verdict=str(result),
+            excerpt=result.excerpt,
+            evidence=list(result.evidence),
+            stages=state.stage_seconds,
+        )
+        self.summary.verdicts[cell.id] = str(result)
+
+    # -- environment stages: run once, shared by every cell of the environment ----------------------
+    def _prepare_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        """The environment's stages in order (`ENV_STAGES`); the first verdict ends every cell of it."""
+        if state.ended is None:
+            for stage in self.ENV_STAGES:
+                state.ended = stage(self, state, cell)
+                if state.ended is not None:
+                    break
+        return state.ended
+
+    def _resolve_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if not self._wants("resolve") or state.resolved is not None:
+            return None
+        self._stage(cell, "resolve")
+        started = time.monotonic()
+        state.resolved = self._resolve(state.env)
+        state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
+        return verdict.resolve_ended(state.resolved.status, state.resolved.reason)
+
+    def _import_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        """On a host without the environment's GPUs (nothing is built there), the import check, once."""
+        if gpu_ready(state.env) or state.imported:
+            return None
+        if not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
+            return None
+        state.imported = True  # once per environment: its cells share the lock
+        return self._import_check(state, cell)
+
+    def _build_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        if not gpu_ready(state.env) or not self._wants("build") or state.built is not None:
+            return None  # GPU stages are skipped per cell on a host without the GPUs
+        self._stage(cell, "build")
+        env = state.env
+        resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
+        build_log = self.options.workdir / "logs" / self.options.run_id / f"{env.env_id}.build.log"
+        state.built = build.build(
+            self.backend,
+            env,
+            self.plan.spec.engine,
+            lockfile=resolved.lockfile if resolved else None,
+            lock_hash=resolved.inputs_hash if resolved and resolved.lockfile else None,
+            log_path=build_log,
+            packages=self.plan.spec.file.packages,
+        )
+        state.stage_seconds["build"] = round(state.built.seconds, 3)
+        if not state.built.ok and state.built.unavailable:  # not the stack's failure (an image backend's)
+            return verdict.unavailable(state.built.unavailable, state.built.excerpt, state.built.notes)
+        if not state.built.ok:
+            return verdict.build_failed(state.built.excerpt, log_tail(build_log, 1000))
+        return None
+
+    ENV_STAGES = (_resolve_env, _import_env, _build_env)
+
+    def _import_check(self, state: _EnvState, cell: Cell) -> Verdict | None:
+        """The environment's lock installed on this CPU and imported: a failure predicts every cell's."""
+        resolved = state.resolved
+        if resolved is None or resolved.status != "resolved" or resolved.lockfile is None:
+            return None
+        self._stage(cell, "import")
+        checked = importcheck.import_check(
+            resolved.lockfile,
+            self.plan.spec.engine,
+            python_version=state.env.python,
+            cache_dir=self.options.workdir / "cache",
+        )
+        state.stage_seconds["import"] = round(checked.seconds, 3)
+        note = f"import check{' (cached)' if checked.cached else ''}: {checked.outcome}"
+        note += f" {checked.klass}" if checked.klass else ""
+        note += f": {checked.evidence}" if checked.evidence else ""
+        if checked.outcome == "fail":
+            return Verdict(kind="predicted-fail", detail=checked.klass, excerpt=checked.excerpt, evidence=(note,))
+        if checked.outcome == "error":
+            # The check could not run here (an install fault, no interpreter): says nothing about the stack,
+            # and is retried next run rather than left as a final skipped:no-gpu.
+            excerpt = "\n".join(filter(None, (checked.excerpt, checked.evidence)))  # the reason last
+            return Verdict(kind="error", detail="import-check", excerpt=excerpt, evidence=(note,))
+        state.notes = (note,)
+        return None
+
+    def _resolve(self, env: Environment) -> ResolveOutcome:
+        request = resolve_request(self.plan, env.env_id)
+        return resolve(request, out_dir=self.options.lock_dir or default_lock_dir(self.plan))
+
+    # -- cell stages -----------------------------------------------------------------------------
+    def _run_cell(self, state: _EnvState, cell: Cell) -> None:
+        """A cell through its stages in order (`CELL_STAGES`): the first verdict ends the cell and is
+        recorded. The last stage, serving, records its own (more server starts may follow)."""
+        run = _CellRun(state=state, cell=cell)
+        for stage in self.CELL_STAGES:
+            ended = stage(self, run)
+            if ended is not None:
+                self._record(cell, state, ended, **run.extra)
+                return
+
+    def _applicable(self, run: _CellRun) -> Verdict | None:
+        cell = run.cell
+        return None if cell.applicable else verdict.skipped("not-applicable", excerpt=cell.reason)
+
+    def _reused(self, run: _CellRun) -> Verdict | None:
+        """A published CPU verdict with the same inputs (reuse.py) ends the cell as it was decided."""
+        reused = self._reuse.lookup(run.cell, this_host_lacks_gpus=not gpu_ready(run.state.env))
+        if reused is None:
+            return None
+        self._stage(run.cell, reused.note)
+        self.summary.reused += 1
+        run.extra = reuse.provenance(reused.row)
+        return reused.verdict
+
+    def _environment(self, run: _CellRun) -> Verdict | None:
+        return self._prepare_env(run.state, run.cell)
+
+    def _preflights(self, run: _CellRun) -> Verdict | None:
+        if not self._wants("probe"):
+            return None
+        run.prediction, run.probed = self._probe(run.state, run.cell)
+        if run.prediction is not None and run.prediction.kind == "fail":
+            return run.prediction  # observed in the wheel: 0 GPU-seconds
+        return None
+
+    def _gpus_here(self, run: _CellRun) -> Verdict | None:
+        """A host without the cell's GPUs (or a trusted prediction) ends the cell with what the CPU found."""
+        state = run.state
+        if gpu_ready(state.env) and not (run.prediction is not None and self.options.trust_probe):
+            return None
+        kind = state.env.gpu
+        # What the pre-flights found and let pass comes first: it is why a cell was not ruled out here.
+        skipped = Verdict(
+            kind="skipped",
+            detail="no-gpu",
+            excerpt=f"needs {kind.count}x {kind.arch}",
+            evidence=(*run.probed, *state.notes),
+        )
+        return run.prediction or skipped
+
+    def _serving_asked(self, run: _CellRun) -> Verdict | None:
+        if self._wants("serve") and run.state.built is not None:
+            return None
+        return verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}")
+
+    def _serving(self, run: _CellRun) -> Verdict | None:
+        self._serve_and_bench(run.state, run.cell, run.prediction)
+        return None
+
+    CELL_STAGES = (_applicable, _reused, _environment, _preflights, _gpus_here, _serving_asked, _serving)
+
+    def _probe(self, state: _EnvState, cell: Cell) -> tuple[Verdict | None, tuple[str, ...]]:
+        """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,
+        an untraceable FP4 path predicts one) ends the cell. One that cannot run here predicts nothing. A
+        pre-flight that passes with evidence (a `pass` verdict: "the FP4 path traces") adds it to what the
+        cell shows; the evidence of those is returned beside the verdict."""
+        passed: list[str] = []
+        engine = self.plan.spec.engine
+        preflight = PreflightInput(
+            cell=cell,
+            engine=engine,
+            pins=state.resolved.pins if state.resolved else {},
+            cache_dir=self.options.workdir / "cache",
+        )
+        started = time.monotonic()
+        try:
+            for name in engine.preflight:
+                check = self._hooks.preflights.get(name)
+                if check is None:
+                    continue  # a generic pre-flight (the import check) runs as its own stage
+                try:
+                    result = check(preflight)
+                except PreflightUnavailable as exc:
+                    self._say_unavailable(name, cell, str(exc))
+                    continue
+                if result is not None and result.kind == "pass":
+                    passed += result.evidence
+                elif result is not None:
+                    return result, tuple(passed)
+        finally:
+            state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
+        return None, tuple(passed)
+
+    def _say_unavailable(self, name: str, cell: Cell, reason: str) -> None:
+        """A pre-flight that cannot run, said once per reason: a host without a package index would
+        otherwise say the same line for every cell."""
+        if (name, reason) in self._unavailable_said:
+            return
+        self._unavailable_said.add((name, reason))
+        self.console.print(
+            f"[yellow]{name} pre-flight could not run ({cell.id}, and later cells alike): {reason}[/]", soft_wrap=True
+        )
+
+    def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
+        outcome = self._start(state, cell)
+        if self._server.starts > 1 and outcome.result.kind == "pass":
+            # More starts of this cell follow, interleaved with the environment's other modes (run()).
+            state.pending[cell.id] = _Pending(cell=cell, prediction=prediction, starts=[outcome])
+            return
+        self._finish_served(state, cell, [outcome], prediction)
+
+    def _start(self, state: _EnvState, cell: Cell) -> Served:
+        """One server start of the cell; an exception is that start's verdict (`_guarded`)."""
+        served: list[Served] = []
+
+        def fault(result: Verdict) -> None:
+            served.append(Served(result=result, metrics=None, stage_seconds=dict(state.stage_seconds)))
+
+        self._guarded(cell, state, lambda: served.append(self._serve_once(state, cell)), fault)
+        return served[0]
+
+    def _model_build_verdict(self, exc: ModelBuildError) -> Verdict:
+        """A model that could not be built in the cell's environment. When the environment's own stack did
+        not import there, that is the stack's failure, classified as the import check classifies one (the
+        server would die at the same import); anything else is the harness's, retried next run."""
+        if isinstance(exc, StackImportError):
+            outcome, klass, deciding = importcheck.import_failure(
+                exc.output, self.plan.spec.engine, returncode=exc.returncode
+            )
+            if outcome == "fail":
+                note = f"the stack did not import in this environment (while the model was built in it): {deciding}"
+                return verdict.failed(klass, excerpt=exc.output[-3000:], evidence=(note,))
+        return verdict.error("model-build", excerpt=str(exc))
+
+    def _finish_served(
+        self, state: _EnvState, cell: Cell, starts: Sequence[Served], prediction: Verdict | None
+    ) -> None:
+        """The cell's verdict over all its server starts: the first that did not pass, else a pass; the
+        benchmark figures pooled over the starts."""
+        assert state.built is not None
+        failed_start = next((i for i, s in enumerate(starts) if s.result.kind != "pass"), None)
+        chosen = starts[failed_start if failed_start is not None else 0]
+        result = chosen.result
+        evidence = [*result.evidence, *state.built.notes]
+        if len(starts) > 1 or self._server.starts > 1:
+            where = f", failed at start {failed_start + 1}" if failed_start is not None else ""
+            evidence.append(f"server starts: {len(starts)}, interleaved with the other modes{where}")
+        if prediction is not None:
+            # The GPU run checks the CPU prediction; the report tells predictions from observations.
+            confirmed = result.kind == "fail" and result.detail == prediction.detail
+            evidence.append(f"predicted {prediction.detail}: {'confirmed' if confirmed else 'contradicted'}")
+        metrics = self._server.pooled_metrics(list(starts))
+        self.store.finish(
+            self.options.run_id,
+            cell.id,
+            verdict=str(result),
+            excerpt=result.excerpt,
+            evidence=evidence,
+            metrics=metrics,
+            stages=chosen.stage_seconds,
+        )
+        self.summary.verdicts[cell.id] = str(result)
+
+    def _serve_once(self, state: _EnvState, cell: Cell) -> Served:
+        """Start the cell's server, wait for it, benchmark it, stop it. A fault raises (see `_start`)."""
+        assert state.built is not None
+        start = len(state.pending[cell.id].starts) if cell.id in state.pending else 0
+        return self._server.serve_once(
+            cell,
+            state.built,
+            start=start,
+            stage_seconds=state.stage_seconds,
+            row=lambda argv: self._row(cell, state, argv),
+        )
+
+    def _stage_note(self, text: str) -> None:
+        print(f"servematrix: {text}", file=self.console.file, flush=True)
+
+
+def cell_row(
+    plan: Plan,
+    cell: Cell,
+    *,
+    run_id: str,
+    inputs: str,
+    host: dict[str, Any],
+    backend: str | None,
+    secret_flags: frozenset[str],
+    resolved: ResolveOutcome | None = None,
+    built: Built | None = None,
+    argv: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """A cell run's store row, as far as the run knows it: the one builder of rows (the runner's, and the
+    bisection's own probe rows). `argv` is what ran (default: the planned command), stored with secret values
+    masked and the masked flags named (the reproduce block names them)."""
+    shown = cell.command if argv is None else argv
+    return {
+        "run_id": run_id,
+        "cell_id": cell.id,
+        "env_id": cell.env_id,
+        "engine": cell.env.engine,
+        "mode": cell.mode,
+        "matrix": str(plan.spec.path),
+        "axes": dict(cell.env.axes),
+        "inputs_hash": inputs,
+        "host": host,
+        "argv": redact_argv(shown, secret_flags),
+        "redacted_flags": masked_flags(shown, secret_flags),
+        "lock_hash": built.lock_hash if built else (resolved.inputs_hash if resolved else None),
+        "lock_file": str(resolved.lockfile) if resolved and resolved.lockfile else None,
+        "crossed_pins": resolved.crossed if resolved else None,
+        "image_digest": built.image_digest if built else None,
+        "backend": backend,
+    }

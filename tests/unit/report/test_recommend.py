@@ -1,0 +1,79 @@
+"""`servematrix recommend` and the docs' lead: observed stacks ranked by measured throughput, predicted ones
+after them and labelled so, and the nearest non-failing neighbour of every failing cell."""
+
+from __future__ import annotations
+
+import json
+
+from servematrix.cli import main
+from servematrix.report.recommend import recommend, render_markdown
+from servematrix.store.store import Store
+
+
+def _row(cell: str, mode: str, verdict: str, tok: float | None = None, **axes: str) -> dict:
+    metrics = None
+    if tok is not None:
+        metrics = {"levels": [{"concurrency": 32, "output_tok_s": {"median": tok}, "completion_tokens": 100}]}
+    return {
+        "cell_id": cell,
+        "matrix": "matrix/m.toml",
+        "mode": mode,
+        "verdict": verdict,
+        "metrics": metrics,
+        "axes": {"sglang": "0.5.12", "flashinfer": "pinned", "gpu": "b200", **axes},
+    }
+
+
+ROWS = [
+    _row("a", "baseline", "pass", 9000.0),
+    _row("b", "piecewise", "pass", 11000.0),
+    _row("c", "baseline", "skipped:no-gpu", flashinfer="0.6.12"),
+    _row("d", "piecewise", "predicted-fail:dynamo-untraceable", sglang="0.5.9"),
+    _row("e", "piecewise", "fail:dependency-version", flashinfer="0.6.12"),
+    _row("f", "baseline", "skipped:not-applicable", sglang="0.5.23"),
+]
+
+
+def test_observed_first_by_throughput_then_predicted():
+    (rec,) = recommend(ROWS)
+    assert rec.gpu == "b200"
+    assert [s.cell_id for s in rec.stacks] == ["b", "a", "c"]
+    assert rec.stacks[0].source.startswith("observed") and rec.stacks[0].tok_s == 11000.0
+    assert rec.stacks[2].source.startswith("predicted") and rec.stacks[2].tok_s is None
+
+
+def test_each_failing_cell_gets_its_nearest_fix():
+    (rec,) = recommend(ROWS)
+    fixes = {n.cell_id: (n.nearest, n.changes) for n in rec.failing}
+    # 0.5.9 piecewise: one change away from the 0.5.12 piecewise that passed.
+    assert fixes["d"] == ("b", ("sglang 0.5.12 instead of 0.5.9",))
+    # flashinfer 0.6.12 piecewise: the pinned flashinfer (same mode) is as near as the baseline (same axes).
+    assert fixes["e"][0] in ("b", "c") and len(fixes["e"][1]) == 1
+    assert "f" not in fixes  # not applicable is not a failure
+
+
+def test_the_markdown_lead_escapes_and_labels(tmp_path):
+    rows = [*ROWS, _row("g", "baseline", "fail:x", gpu="<b>kind</b>")]
+    text = render_markdown(rows)
+    assert "<b>kind</b>" not in text
+    assert "observed: served and benchmarked" in text and "predicted: passed the CPU pre-flights" in text
+
+
+def test_the_command_reads_a_store(tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    with Store(store) as s:
+        for i, row in enumerate(ROWS[:2]):
+            s.record(
+                run_id="r", cell_id=row["cell_id"], env_id=f"e{i}", engine="sglang", mode=row["mode"],
+                matrix=row["matrix"], axes=row["axes"], inputs_hash="h", verdict=row["verdict"], metrics=row["metrics"],
+            )  # fmt: skip
+    assert main(["recommend", "--store", str(store), "--format", "json"]) == 0
+    (rec,) = json.loads(capsys.readouterr().out)
+    assert [s["cell_id"] for s in rec["stacks"]] == ["b", "a"]
+
+
+def test_the_command_filters_by_matrix_and_refuses_an_unknown_one(tmp_path, capsys):
+    assert main(["recommend", "matrix/glm5-nvfp4.toml"]) == 0  # the published results hold the product matrix
+    out = capsys.readouterr().out
+    assert "b200:" in out and "rtx-pro-6000:" in out and "cpu:" not in out
+    assert main(["recommend", "matrix/no-such.toml"]) == 2
