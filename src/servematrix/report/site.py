@@ -409,6 +409,7 @@ def _cell_view(
                 "heading": headline.heading,
                 "range": headline.range_text,
                 "conclusive": not headline.inconclusive,
+                "verdict": headline.verdict,
                 "others": [f"{s.ratio:.2f}× {s.heading} ({s.range_text})" for s in found.others],
             }
             if found is not None and headline is not None

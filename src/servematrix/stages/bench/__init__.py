@@ -27,8 +27,8 @@ Usage placement differs by server and is handled the same way: transformers puts
 (the one carrying ``finish_reason``) and sends no ``data: [DONE]``; sglang and vLLM send a separate last chunk
 with ``choices: []`` and ``usage``, then ``data: [DONE]``.
 
-Comparing two modes: :func:`speedup` gives the ratio of medians and its range from the repeats' spread, and
-calls it inconclusive when the range includes 1.0.
+Comparing two modes: :func:`speedup` gives the ratio of per-start medians, its 95 % t-interval over server
+starts (`interval`), and a verdict: faster, slower or indeterminate.
 
 The package, one module per job: ``workload`` (what is sent), ``pool`` (the client's worker processes), ``run``
 (levels, sized and repeated), ``stats`` (the figures of a repeat, a level and a run, and the pooling of server

@@ -1,18 +1,20 @@
-"""Comparing a mode with the baseline: on the figures of the phase the mode changes, pooled over every repeat of
-every server start, with a range, and "inconclusive" when that range holds 1.0.
+"""Comparing a mode with the baseline: on the figures of the phase the mode changes, over its server starts
+(each start's median of its repeats), with a 95 % t-interval (`interval.py` says why that rule), and a verdict:
+faster, slower or indeterminate; for an indeterminate one, how many starts per mode would likely resolve a 10 %
+effect, from the spread measured between starts.
 
 A prefill feature (sglang's prefill CUDA graphs: piecewise, breakable) is judged on the prefill profile's time to
 first token and input tok/s; a decode feature (continuous batching) on the decode profile's output tok/s. The
 decode figures stand beside a prefill feature's, so a mode that costs decode speed shows it too.
 """
 
-import random
-import statistics
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from servematrix.stages.bench.stats import BenchReport, Spread, percentile
+from servematrix.stages.bench.interval import PLAN_EFFECT, start_interval, starts_needed
+from servematrix.stages.bench.stats import BenchReport, Spread
 from servematrix.stages.bench.workload import NESTED_PROFILES
 
 
@@ -45,22 +47,27 @@ METRICS = {
 PHASE_METRICS = {"prefill": ("ttft", "input_tok_s"), "decode": ("output_tok_s",)}
 
 
+VERDICTS = ("faster", "slower", "indeterminate")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Speedup:
-    """treatment over baseline on one metric at one concurrency: the ratio of medians (oriented so that > 1 is
-    better: for TTFT it is baseline / treatment) and its range.
+    """treatment over baseline on one metric at one concurrency, oriented so that > 1 is better (for TTFT it is
+    baseline / treatment).
 
-    ``low``/``high`` with method "pairs": the smallest and largest ratio of any (treatment repeat, baseline
-    repeat) pair; with "bootstrap": the 2.5th and 97.5th percentiles of the ratio of medians over resamples of
-    the repeats (fixed seed). ``inconclusive``: the range includes 1.0, or a side has a single repeat or a
-    single server start (no spread to judge by).
+    ``ratio``: the geometric mean of the treatment's per-start medians over the baseline's. ``low``/``high``:
+    its 95 % t-interval over per-start medians (`interval.start_interval`); NaN when a side has a single server
+    start (no spread between starts to judge by). ``verdict``: "faster" when the interval lies above 1.0,
+    "slower" below it, else "indeterminate" (``inconclusive``). ``starts_needed``: for an indeterminate figure,
+    the server starts per mode that would likely (80 %) resolve an effect of ``plan_effect`` given the measured
+    spread between starts (None: not measurable with one start a side, or more than 1000).
     """
 
     concurrency: int
     ratio: float
     low: float
     high: float
-    inconclusive: bool
+    verdict: str
     method: str
     baseline: Spread
     treatment: Spread
@@ -71,9 +78,16 @@ class Speedup:
     input_len: int | None = None
     baseline_starts: int = 1
     treatment_starts: int = 1
+    start_spread: float | None = None  # standard deviation of log per-start medians (pooled over both sides)
+    starts_needed: int | None = None
+    plan_effect: float = PLAN_EFFECT
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.verdict == "indeterminate"
 
     @property
     def heading(self) -> str:
@@ -83,23 +97,36 @@ class Speedup:
 
     @property
     def why_inconclusive(self) -> str:
-        """Why the figure decides nothing ("" when it is conclusive)."""
+        """Why the figure decides nothing ("" when it is decided)."""
         if not self.inconclusive:
             return ""
-        if min(self.baseline_repeats, self.treatment_repeats) < 2:
-            return "one repeat"
-        if self.low <= 1.0 <= self.high:
-            return "range holds 1.0"
-        return "one server start per mode"
+        if min(self.baseline_starts, self.treatment_starts) < 2:
+            return "one server start per mode"
+        return "interval holds 1.0"
+
+    @property
+    def plan_text(self) -> str:
+        """For an indeterminate figure with a measured spread: how many starts would likely resolve it."""
+        if not self.inconclusive or self.start_spread is None:
+            return ""
+        effect = f"{self.plan_effect:.0%}"
+        if self.starts_needed is None:
+            return f"a {effect} effect needs more than 1000 starts per mode at this spread"
+        more = max(0, self.starts_needed - min(self.baseline_starts, self.treatment_starts))
+        return f"~{self.starts_needed} starts per mode ({more} more) would likely resolve a {effect} effect"
 
     @property
     def range_text(self) -> str:
         why = self.why_inconclusive
-        return f"{self.low:.2f}–{self.high:.2f}, " + (f"inconclusive: {why}" if why else "conclusive")
+        if math.isnan(self.low):
+            return f"indeterminate: {why}"
+        text = f"{self.low:.2f}–{self.high:.2f}, " + (f"indeterminate: {why}" if why else self.verdict)
+        plan = self.plan_text
+        return f"{text}; {plan}" if plan else text
 
     def __str__(self) -> str:
-        verdict = "inconclusive" if self.inconclusive else "conclusive"
-        return f"{self.ratio:.3f}x ({self.low:.3f}-{self.high:.3f}, {verdict}) at {self.concurrency} streams"
+        where = "no interval" if math.isnan(self.low) else f"{self.low:.3f}-{self.high:.3f}"
+        return f"{self.ratio:.3f}x ({where}, {self.verdict}) at {self.concurrency} streams"
 
 
 ReportLike = BenchReport | Mapping[str, Any]
@@ -114,12 +141,14 @@ def profile_record(report: ReportLike, profile: str) -> Mapping[str, Any] | None
     return record if record.get("levels") else None
 
 
-def _values(reports: ReportLike | Sequence[ReportLike], concurrency: int, metric: Metric) -> tuple[list[float], int]:
+def _values(
+    reports: ReportLike | Sequence[ReportLike], concurrency: int, metric: Metric
+) -> tuple[list[float], list[list[float]]]:
     """Every repeat's figure at ``concurrency``, from one report or several (interleaved server starts), and
-    how many server starts they came from (a pooled record's runs name theirs)."""
+    the same figures grouped by the server start that measured them (a pooled record's runs name theirs)."""
     items: Iterable[ReportLike] = [reports] if isinstance(reports, BenchReport | Mapping) else reports
     values: list[float] = []
-    starts: set[tuple[int, object]] = set()
+    starts: dict[tuple[int, object], list[float]] = {}
     for index, item in enumerate(items):
         record = profile_record(item, metric.profile) or {}
         for lv in record.get("levels", []):
@@ -127,8 +156,8 @@ def _values(reports: ReportLike | Sequence[ReportLike], concurrency: int, metric
                 for r in lv.get("runs", []):
                     if (v := metric.value(r)) is not None:
                         values.append(v)
-                        starts.add((index, r.get("start", 1)))
-    return values, len(starts)
+                        starts.setdefault((index, r.get("start", 1)), []).append(v)
+    return values, list(starts.values())
 
 
 def concurrencies(report: ReportLike, profile: str) -> list[int]:
@@ -149,13 +178,11 @@ def speedup(
     concurrency: int,
     *,
     metric: str = "output_tok_s",
-    method: str = "pairs",
-    resamples: int = 2000,
-    seed: int = 0,
+    plan_effect: float = PLAN_EFFECT,
 ) -> Speedup:
-    """Speedup of ``treatment`` over ``baseline`` on ``metric`` at ``concurrency``. Each side is a
-    :class:`BenchReport`, its ``to_dict()`` (as stored), or a list of them (one per server start): their
-    repeats are pooled."""
+    """Speedup of ``treatment`` over ``baseline`` on ``metric`` at ``concurrency``, judged over server starts
+    (`interval.start_interval`). Each side is a :class:`BenchReport`, its ``to_dict()`` (as stored), or a list
+    of them (one per server start)."""
     which = METRICS.get(metric)
     if which is None:
         raise ValueError(f"speedup: metric must be one of {', '.join(METRICS)}, got {metric!r}")
@@ -167,30 +194,25 @@ def speedup(
         if not values:
             raise ValueError(f"speedup: the {name} has no repeat with {which.label} at {concurrency} streams")
     # Oriented so that > 1 means the treatment is better: for a time, baseline over treatment.
-    better, worse = (treat, base) if which.higher_is_better else (base, treat)
-    ratio = statistics.median(better) / statistics.median(worse)
-    if method == "pairs":
-        low, high = min(better) / max(worse), max(better) / min(worse)
-    elif method == "bootstrap":
-        rng = random.Random(seed)
-        ratios = sorted(
-            statistics.median(rng.choices(better, k=len(better))) / statistics.median(rng.choices(worse, k=len(worse)))
-            for _ in range(resamples)
-        )
-        low, high = percentile(ratios, 2.5), percentile(ratios, 97.5)
+    better, worse = (treat_starts, base_starts) if which.higher_is_better else (base_starts, treat_starts)
+    found = start_interval(better, worse)
+    if found.low is None or found.high is None:
+        low = high = math.nan
+        verdict = "indeterminate"
     else:
-        raise ValueError(f"speedup: method must be 'pairs' or 'bootstrap', got {method!r}")
-    # One server start per side measures no spread between starts, which on the H200 was as large as the
-    # effects compared (about 20 %): such a figure is shown, never called conclusive.
-    single = len(base) < 2 or len(treat) < 2 or base_starts < 2 or treat_starts < 2
+        low, high = found.low, found.high
+        verdict = "faster" if low > 1.0 else "slower" if high < 1.0 else "indeterminate"
+    needed = None
+    if verdict == "indeterminate" and found.spread is not None:
+        needed = starts_needed(found.spread, plan_effect)
     first = baseline if isinstance(baseline, BenchReport | Mapping) else baseline[0]
     return Speedup(
         concurrency=concurrency,
-        ratio=ratio,
+        ratio=found.ratio,
         low=low,
         high=high,
-        inconclusive=single or low <= 1.0 <= high,
-        method=method,
+        verdict=verdict,
+        method="t-interval over per-start medians",
         baseline=Spread.of(base),
         treatment=Spread.of(treat),
         baseline_repeats=len(base),
@@ -198,8 +220,11 @@ def speedup(
         metric=metric,
         profile=which.profile,
         input_len=input_len(first, which.profile) if which.profile != "decode" else None,
-        baseline_starts=base_starts,
-        treatment_starts=treat_starts,
+        baseline_starts=len(base_starts),
+        treatment_starts=len(treat_starts),
+        start_spread=found.spread,
+        starts_needed=needed,
+        plan_effect=plan_effect,
     )
 
 
