@@ -1,6 +1,8 @@
 """Interleaved server starts on the real CPU engine: an environment's modes start in turn (static,
 continuous-batching, static, continuous-batching), each cell's benchmark pools its starts' repeats, the
-client's ceiling is measured on this host and recorded beside the figures."""
+client's ceiling is measured on this host and recorded beside the figures. Before any figure, continuous
+batching's greedy answers are checked against static's, for real (transformers serve gives no logprobs:
+greedy text equality, at one stream and batched)."""
 
 from __future__ import annotations
 
@@ -37,9 +39,11 @@ def test_two_interleaved_starts_per_mode(smoke_project):
         ("continuous-batching", "pass"),
         ("static", "pass"),
     ]
-    logs = {}
+    logs, evidences = {}, {}
     for cell_id, mode, _, metrics, evidence, log_path in rows:
         data = json.loads(metrics)
+        evidences[mode] = json.loads(evidence)
+        assert data["correctness"]["key"]["prompt_set"] == "greedy-v1"
         assert data["starts"] == 2
         (level,) = data["levels"]
         assert sorted({run["start"] for run in level["runs"]}) == [1, 2] and len(level["runs"]) == 4
@@ -52,6 +56,18 @@ def test_two_interleaved_starts_per_mode(smoke_project):
         )
         logs[mode] = (folder / f"{cell_id}.log", folder / f"{cell_id}.start2.log")
     # Started in turn: each log was last written when its server stopped.
+    assert set(json.loads(next(m for _, mode, _, m, *_ in rows if mode == "static"))["correctness"]["answers"]) == {
+        "1",
+        "4",
+    }
+    assert (
+        "correctness: the baseline's 16 greedy answers stored (text only: the API gave no logprobs)"
+        in evidences["static"]
+    )
+    assert (
+        "correctness: 16 greedy answers match the baseline's (greedy text equality (the API gave no logprobs))"
+        in evidences["continuous-batching"]
+    )
     order = [logs["static"][0], logs["continuous-batching"][0], logs["static"][1], logs["continuous-batching"][1]]
     times = [path.stat().st_mtime for path in order]
     assert times == sorted(times)

@@ -101,6 +101,20 @@ class PrefillProfileSpec(_Strict):
     min_level_s: float = Field(default=0.0, ge=0, le=3600, allow_inf_nan=False)
 
 
+class CorrectnessSpec(_Strict):
+    """`[bench.correctness]`: every mode's greedy answers against the baseline mode's before its figures
+    (`stages/bench/correctness.py`): the built-in prompt set at one stream and batched, ``max_tokens`` each, with
+    the top ``top_k`` logprobs where the API gives them. ``accuracy_floor``: for real weights, the exact-match
+    floor of the arithmetic probe (``accuracy_problems`` generated additions); unset on random weights, where
+    every mode scores about 0."""
+
+    enabled: bool = True
+    max_tokens: int = Field(default=16, gt=0, le=512)
+    top_k: int = Field(default=5, gt=0, le=20)
+    accuracy_floor: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    accuracy_problems: int = Field(default=50, gt=0, le=10_000)
+
+
 class BenchSpec(_Strict):
     # The decode profile (the bench's record itself). Upper bounds: what a run can do in hours, not days; a
     # value past them is a typo, refused at its line before anything starts (1e9 prompts used to fail after
@@ -123,7 +137,12 @@ class BenchSpec(_Strict):
     # the server then runs on the rest). Its ceiling is measured on this host before the first cell.
     client_processes: int = Field(default=1, ge=1, le=64)
     client_cpus: int = Field(default=0, ge=0)
+    # Warm-up until stable: a level whose repeats drift by more than drift_bound (first half against second
+    # half, ranges apart) turns its oldest repeat into warm-up and runs one more, up to max_warmup_repeats.
+    drift_bound: float = Field(default=0.10, gt=0, le=10, allow_inf_nan=False)
+    max_warmup_repeats: int = Field(default=3, ge=0, le=100)
     prefill: PrefillProfileSpec = PrefillProfileSpec()
+    correctness: CorrectnessSpec = CorrectnessSpec()
 
 
 class SpecFile(_Strict):

@@ -10,14 +10,18 @@ what a start raises into a verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+import re
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 
 from servematrix.backends import Backend, Built, LaunchSpec
@@ -30,7 +34,9 @@ from servematrix.run import ports
 from servematrix.run.models import ensure_model
 from servematrix.run.runplan import RunOptions, model_roots
 from servematrix.stages import bench, serve
+from servematrix.stages.bench import correctness
 from servematrix.store.redact import fill_secrets
+from servematrix.store.rowschema import Row
 from servematrix.store.store import Store
 
 
@@ -58,6 +64,10 @@ class CellServer:
     note: Callable[[str], None]  # a line of the run's own, between cells
     ceiling: bench.Ceiling | None = None  # the benchmark client's, measured on this host once per run
     _ceiling_tried: bool = False
+    # The baseline mode's greedy answers, by what they answer (environment, model, prompt set): this run's.
+    answers: dict[correctness.CorrectnessKey, dict[int, list[correctness.Answer]]] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def starts(self) -> int:
@@ -147,12 +157,20 @@ class CellServer:
                 elif "bench" in self.options.stages:
                     self.stage(cell, "bench")
                     started_bench = time.monotonic()
-                    result, metrics = self.run_bench(server, model, budget_s=cell.env.gpu.timeout_minutes * 60)
+                    result, metrics = self.run_bench(
+                        server, model, budget_s=cell.env.gpu.timeout_minutes * 60, cell=cell
+                    )
                     seconds["bench"] = round(time.monotonic() - started_bench, 3)
                 else:
                     result = verdict.passed()
                 if result.kind == "pass":
                     result = mode_check(spec.engine, cell, log_path)
+                    checked = (metrics or {}).get("correctness") or {}
+                    if result.kind == "pass" and checked.get("summary"):
+                        result = dataclasses.replace(result, evidence=(*result.evidence, checked["summary"]))
+                if metrics is not None:
+                    # The start-up cost a user pays for the mode, beside its figures.
+                    metrics["capture_s"] = capture_seconds(log_path)
         finally:
             # Killing a `podman run` client only forwards SIGTERM: a hung server would keep its container
             # (and GPUs). Backends that own such resources remove them here.
@@ -160,7 +178,9 @@ class CellServer:
         # The harness picked the port: if another process took it first, that is the harness's fault.
         return Served(result=verdict.served(result, harness_picked_port=True), metrics=metrics, stage_seconds=seconds)
 
-    def run_bench(self, server: serve.Server, model: str, *, budget_s: float) -> tuple[Verdict, dict[str, Any] | None]:
+    def run_bench(
+        self, server: serve.Server, model: str, *, budget_s: float, cell: Cell
+    ) -> tuple[Verdict, dict[str, Any] | None]:
         file = self.plan.spec.file
         smoke = bench.smoke_check_sync(server.base_url, model, api=file.bench.api)
         doomed = server.check()
@@ -168,6 +188,13 @@ class CellServer:
             return doomed, None
         if not smoke.ok:
             return verdict.failed("smoke", excerpt=smoke.reason), None
+        # Right answers before any figure: a mode that fails gets no figures.
+        wrong, checked = self.check_correctness(cell, server.base_url, model)
+        doomed = server.check()
+        if doomed is not None:
+            return doomed, None
+        if wrong is not None:
+            return wrong, None
         workloads = self.workloads()
         if self.ceiling is None and not self._ceiling_tried:
             self._ceiling_tried = True
@@ -183,6 +210,8 @@ class CellServer:
         # The decode profile's report is the record; another profile's is stored inside it, under its name.
         metrics = reports[-1].to_dict()
         metrics.update({r.workload.profile: r.to_dict() for r in reports[:-1]})
+        if checked:
+            metrics["correctness"] = checked
         doomed = server.check()
         if doomed is not None:
             return doomed, metrics
@@ -190,6 +219,101 @@ class CellServer:
         if errors:
             return verdict.failed("bench-errors", excerpt=f"{errors} request(s) failed"), metrics
         return verdict.passed(), metrics
+
+    def check_correctness(self, cell: Cell, base_url: str, model: str) -> tuple[Verdict | None, dict[str, Any]]:
+        """The mode's greedy answers against the baseline's (`stages/bench/correctness.py`): a failing verdict,
+        or None, and the record stored beside the figures (the baseline's holds its answers, for later runs
+        and other runners of the same kind)."""
+        spec = self.plan.spec
+        settings = spec.file.bench.correctness
+        if not settings.enabled:
+            return None, {}
+        key = correctness.CorrectnessKey(
+            env_id=cell.env_id,
+            model=spec.file.model.name,
+            api=spec.file.bench.api,
+            max_tokens=settings.max_tokens,
+            top_k=settings.top_k,
+        )
+        levels = (1, correctness.batch_concurrency(spec.file.bench.concurrency))
+        try:
+            got = correctness.collect(
+                base_url,
+                model,
+                api=key.api,
+                concurrency=levels,
+                max_tokens=key.max_tokens,
+                top_k=key.top_k,
+                ignore_eos=spec.engine.supports_ignore_eos,
+            )
+        except (RuntimeError, httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
+            return verdict.failed("smoke", excerpt=f"the correctness check's greedy requests failed: {exc}"), {}
+        record: dict[str, Any] = {"key": key.to_dict(), "concurrency": list(levels)}
+        record.update(self._accuracy(base_url, model, key, cell))
+        baseline_mode = spec.file.axes["mode"][0]
+        if cell.mode == baseline_mode:
+            self.answers.setdefault(key, got)
+            record["answers"] = correctness.answers_to_dict(got)
+            logprobs = all(a.has_logprobs for answers in got.values() for a in answers)
+            record["summary"] = (
+                f"correctness: the baseline's {sum(map(len, got.values()))} greedy answers stored "
+                f"({'with top-k logprobs' if logprobs else 'text only: the API gave no logprobs'})"
+            )
+        else:
+            base = self.answers.get(key) or self._stored_baseline(cell, baseline_mode, key)
+            if base is None:
+                record["summary"] = (
+                    f"correctness: unchecked, no {baseline_mode} answers for this environment, model and prompt set"
+                )
+            else:
+                result = correctness.check(base, got)
+                record["result"] = result.to_dict()
+                record["summary"] = result.summary()
+                if not result.ok:
+                    return verdict.failed("wrong-output", excerpt=result.excerpt()), record
+        floor = settings.accuracy_floor
+        if floor is not None and record.get("accuracy", {}).get("score", 1.0) < floor:
+            return verdict.failed("wrong-output", excerpt=f"accuracy probe: {record['accuracy']['summary']}"), record
+        return None, record
+
+    def _accuracy(self, base_url: str, model: str, key: correctness.CorrectnessKey, cell: Cell) -> dict[str, Any]:
+        """The arithmetic probe, where the matrix sets a floor (real weights only; on random ones it is 0)."""
+        settings = self.plan.spec.file.bench.correctness
+        if settings.accuracy_floor is None:
+            return {}
+        score, _texts = correctness.accuracy(base_url, model, api=key.api, count=settings.accuracy_problems)
+        baseline = self._stored_accuracy(cell, key)
+        result = correctness.AccuracyResult(
+            score=score, baseline_score=baseline, floor=settings.accuracy_floor, problems=settings.accuracy_problems
+        )
+        return {
+            "accuracy": {"score": score, "baseline_score": baseline, "floor": result.floor, "summary": result.summary()}
+        }
+
+    def _baseline_rows(self, cell: Cell) -> list[Row]:
+        baseline_mode = self.plan.spec.file.axes["mode"][0]
+        return [
+            row
+            for row in self.store.latest()
+            if row.get("env_id") == cell.env_id and row.get("mode") == baseline_mode and row.get("verdict") == "pass"
+        ]
+
+    def _stored_baseline(
+        self, cell: Cell, baseline_mode: str, key: correctness.CorrectnessKey
+    ) -> dict[int, list[correctness.Answer]] | None:
+        """The baseline's answers from the store (another run, or another runner of the same kind merged in)."""
+        for row in self._baseline_rows(cell):
+            found = correctness.stored_answers(row.get("metrics"), key)
+            if found is not None:
+                return found
+        return None
+
+    def _stored_accuracy(self, cell: Cell, key: correctness.CorrectnessKey) -> float | None:
+        for row in self._baseline_rows(cell):
+            record = (row.get("metrics") or {}).get("correctness") or {}
+            if record.get("key") == key.to_dict() and isinstance(record.get("accuracy"), dict):
+                return record["accuracy"].get("score")
+        return None
 
     def workloads(self) -> tuple[bench.Workload, ...]:
         """What each served cell runs, the decode profile last: first the prefill profile, when a mode of the
@@ -225,6 +349,23 @@ class CellServer:
             python=lambda visible: self.backend.python(built, visible=visible),
             roots=model_roots(self.options),
         )
+
+
+# sglang's graph capture lines: "Capture cuda graph end. Time elapsed: 2.45 s." (to 0.5.13),
+# "Capture target prefill CUDA graph end. elapsed=1.23 s," (0.5.14 on).
+_CAPTURE = re.compile(r"Capture (?P<what>[^\n]*?) end\.? (?:Time elapsed: |elapsed=)(?P<s>[0-9.]+) ?s")
+
+
+def capture_seconds(log_path: Path) -> dict[str, float]:
+    """Each graph capture's time, from the server log: {"piecewise CUDA graph": 6.26, "cuda graph": 2.45}
+    (a capture logged twice, e.g. by two ranks, is their median)."""
+    if not log_path.is_file():
+        return {}
+    found: dict[str, list[float]] = {}
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if (m := _CAPTURE.search(line)) is not None:
+            found.setdefault(m.group("what"), []).append(float(m.group("s")))
+    return {what: statistics.median(values) for what, values in found.items()}
 
 
 def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:

@@ -10,6 +10,10 @@ stream format (cumulative ``text``, ``meta_info`` with the counts; see :func:`_s
 ``/health`` and ``/v1/models``.
 Everything it sends is recorded, so tests can compare the client's counts with what the server reported.
 
+Non-streamed requests are answered by a FAKE deterministic model (tokens and top-k logprobs as a function of
+the prompt, :func:`_answer`), with injectable faults (``wrong_tokens_from``: garbage tokens, as a broken graph
+mode would serve), for the correctness check's tests.
+
 Use it in-process (``with FakeOpenAIServer(FakeBehavior(...)) as srv: srv.base_url``; the server runs its own
 event loop in a thread), or as separate processes for throughput measurements::
 
@@ -25,10 +29,12 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
 import threading
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +79,14 @@ class FakeBehavior:
     usage_raw: str = ""
     hang_after_chunks: int = 0
     long_line_bytes: int = 0
+    # Non-streamed answers (the correctness check's greedy requests) come from a FAKE deterministic model: each
+    # position's top-k is a function of the prompt and the position. Faults: `wrong_tokens_from` >= 0 answers
+    # `<pad>` from that position on, a token outside every top-k (a graph mode serving garbage);
+    # `near_tie_from` >= 0 picks the second-ranked token there (a harmless divergence inside the top-k);
+    # `no_logprobs` leaves logprobs out, as transformers serve does.
+    wrong_tokens_from: int = -1
+    near_tie_from: int = -1
+    no_logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.usage not in USAGE_MODES:
@@ -271,6 +285,74 @@ async def _stream_generate(writer: asyncio.StreamWriter, state: _State, body: di
     return True
 
 
+# The fake model's vocabulary: a token's id is its index.
+_FAKE_VOCAB = (*(f" w{i}" for i in range(64)), "<pad>")
+_FAKE_LOGPROBS = (-0.05, -3.2, -3.9, -4.4, -4.8, -5.1, -5.5, -5.9)
+
+
+def _fake_top(prompt: str, position: int, k: int) -> list[tuple[int, float]]:
+    """The fake model's top-k at a position: (token id, logprob), best first; deterministic."""
+    rng = random.Random(zlib.crc32(prompt.encode()) * 4096 + position)
+    ids = rng.sample(range(len(_FAKE_VOCAB) - 1), max(k, 2))
+    return list(zip(ids, _FAKE_LOGPROBS[: len(ids)], strict=False))
+
+
+def _answer(api: str, body: dict, entry: RequestLog, b: FakeBehavior) -> dict[str, Any]:
+    """A non-streamed greedy answer from the fake model, with its top-k logprobs where asked for."""
+    sampling = body.get("sampling_params") or {}
+    n = int(sampling.get("max_new_tokens") or body.get("max_tokens") or 16)
+    if api == "generate":
+        k = int(body.get("top_logprobs_num") or 0) if body.get("return_logprob") else 0
+    elif api == "chat":
+        k = int(body.get("top_logprobs") or 0) if body.get("logprobs") else 0
+    else:
+        k = int(body.get("logprobs") or 0)
+    k = 0 if b.no_logprobs else k
+    chosen: list[tuple[int, float]] = []
+    tops: list[list[tuple[int, float]]] = []
+    pad = len(_FAKE_VOCAB) - 1
+    for i in range(n):
+        top = _fake_top(entry.prompt, i, max(k, 2))
+        if 0 <= b.wrong_tokens_from <= i:
+            top = [(pad, -0.01), *top[: len(top) - 1]]
+        elif 0 <= b.near_tie_from == i:
+            top = [top[1], top[0], *top[2:]]
+        chosen.append(top[0])
+        tops.append(top[:k])
+    text = "".join(_FAKE_VOCAB[t] for t, _ in chosen)
+    entry.completion_tokens = n
+    usage = {"prompt_tokens": len(entry.prompt.split()), "completion_tokens": n}
+    if api == "generate":
+        meta: dict[str, Any] = {"id": "fake", "finish_reason": {"type": "length", "length": n}, **usage}
+        if k:
+            meta["output_token_logprobs"] = [[lp, t, _FAKE_VOCAB[t]] for t, lp in chosen]
+            meta["output_top_logprobs"] = [[[lp, t, _FAKE_VOCAB[t]] for t, lp in top] for top in tops]
+        return {"text": text, "output_ids": [t for t, _ in chosen], "meta_info": meta}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+    if api == "chat":
+        choice["message"] = {"role": "assistant", "content": text}
+        if k:
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": _FAKE_VOCAB[t],
+                        "logprob": lp,
+                        "top_logprobs": [{"token": _FAKE_VOCAB[u], "logprob": v} for u, v in top],
+                    }
+                    for (t, lp), top in zip(chosen, tops, strict=True)
+                ]
+            }
+    else:
+        choice["text"] = text
+        if k:
+            choice["logprobs"] = {
+                "tokens": [_FAKE_VOCAB[t] for t, _ in chosen],
+                "token_logprobs": [lp for _, lp in chosen],
+                "top_logprobs": [{_FAKE_VOCAB[u]: v for u, v in top} for top in tops],
+            }
+    return {"id": "fake", "object": "fake", "model": "fake", "choices": [choice], "usage": usage}
+
+
 async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
@@ -303,7 +385,7 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                     entry.status = 500
                     writer.write(_response(500, {"detail": "fake failure"}))
                 elif not body.get("stream"):
-                    writer.write(_response(422, {"detail": "the fake server only streams"}))
+                    writer.write(_response(200, _answer(api, body, entry, b)))
                 else:
                     drop = bool(b.drop_every) and state.count % b.drop_every == 0
                     state.in_flight += 1
@@ -419,6 +501,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--usage", choices=USAGE_MODES, default="final_chunk")
     p.add_argument("--send-done", action="store_true", help="end each stream with data: [DONE]")
     p.add_argument("--null-fields", action="store_true", help="sglang/vLLM-shaped chunks (null fields)")
+    p.add_argument("--wrong-tokens-from", type=int, default=-1, help="FAULT: non-streamed answers turn to <pad> here")
+    p.add_argument("--no-logprobs", action="store_true", help="non-streamed answers carry no logprobs")
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error("--processes must be >= 1")
@@ -433,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
         send_done=args.send_done,
         null_fields=args.null_fields,
         record=False,
+        wrong_tokens_from=args.wrong_tokens_from,
+        no_logprobs=args.no_logprobs,
     )
     socks = _listeners(args.host, args.port, args.processes)
     children = []

@@ -300,7 +300,7 @@ def test_a_workload_takes_every_bench_setting_of_the_matrix_by_name():
     assert workload == bench.Workload(
         concurrency=(1, 8), input_len=64, output_len=16, prompts_per_concurrency=8, warmup=1, repeats=3,
         api="completions", temperature=0.5, min_level_s=2.0, client_processes=4, ignore_eos=True,
-        client_cpus=(6, 7),
+        client_cpus=(6, 7), max_warmup_repeats=3,
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from servematrix.stages.bench.pool import Batch, ClientPool
-from servematrix.stages.bench.stats import BenchReport, Ceiling, LevelRun, LevelSummary
+from servematrix.stages.bench.stats import BenchReport, Ceiling, LevelRun, LevelSummary, drift, level_figure
 from servematrix.stages.bench.workload import Prompts, Workload, endpoint
 from servematrix.stages.bench_worker import (
     RequestResult,
@@ -57,10 +57,12 @@ def _run_level(
             rate = completed / wb.wall_s * c / min(c, w.warmup)
     n = _size(w, rate, 0)
     runs: list[LevelRun] = []
-    calibration = resizes = 0
+    discarded: list[float | None] = []
+    calibration = resizes = measured = 0
+    stable: dict = {}
     while len(runs) < w.repeats:
         b = batch(n)
-        run = LevelRun.aggregate(c, len(runs), b.results, b.wall_s, client_cpu_s=b.cpu_s, client_processes=b.processes)
+        run = LevelRun.aggregate(c, measured, b.results, b.wall_s, client_cpu_s=b.cpu_s, client_processes=b.processes)
         short = run.wall_s < w.min_level_s
         if short and run.completed and run.error_count == 0 and n < w.max_level_requests and resizes < MAX_RESIZES:
             resizes += 1
@@ -69,6 +71,7 @@ def _run_level(
             say(f"c={c}: {run.wall_s:.2f} s, under the {w.min_level_s} s floor: discarded; {n} requests per repeat")
             continue
         runs.append(run)
+        measured += 1
         if w.min_level_s > 0 and run.completed and run.error_count == 0:
             n = _size(w, run.completed / run.wall_s, 0)  # the next repeat, sized at this one's rate (up or down)
         say(
@@ -76,6 +79,20 @@ def _run_level(
             f"{run.completion_tokens} tokens, {run.error_count} errors, {run.wall_s:.2f} s, "
             f"client {run.client_cpu_s or 0:.2f} CPU s"
         )
+        if len(runs) == w.repeats:
+            # Warm-up until stable: while the repeats still drift, the oldest becomes warm-up and one more runs.
+            figures = [level_figure(r, w.profile) for r in runs]
+            stable = drift([f for f in figures if f is not None], w.drift_bound)
+            if stable["drifting"] and len(discarded) < w.max_warmup_repeats:
+                discarded.append(figures[0])
+                runs.pop(0)
+                say(f"c={c}: drifting ({stable['change']:+.1%} first half to second), one more warm-up repeat")
+    stable = {
+        **stable,
+        "figure": "ttft_mean_s" if w.profile == "prefill" else "output_tok_s",
+        "discarded": discarded,
+        "stable": stable.get("drifting") is False,
+    }
     return LevelSummary.of(
         c,
         runs,
@@ -83,6 +100,8 @@ def _run_level(
         calibration_requests=calibration,
         min_level_s=w.min_level_s,
         ceiling_tok_s=ceiling.tok_s(c) if ceiling is not None else None,
+        warmup_repeats=len(discarded),
+        stability=[stable],
     )
 
 

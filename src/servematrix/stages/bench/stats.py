@@ -131,6 +131,34 @@ class LevelRun:
         )
 
 
+# Warm-up until stable: a level whose repeats drift by more than this (first half against second half) is
+# warmed up further, one repeat at a time, up to MAX_WARMUP_REPEATS (the 0.5.12 baseline's TTFT @4 fell from
+# 53.6 to 29.8 ms over six repeats on the H200, and nothing noticed).
+DRIFT_BOUND = 0.10
+MAX_WARMUP_REPEATS = 3
+
+
+def level_figure(run: "LevelRun", profile: str) -> float | None:
+    """The figure a level's stability is judged on: mean TTFT for the prefill profile, output tok/s else."""
+    if profile == "prefill":
+        return run.ttft.mean
+    return run.output_tok_s or None
+
+
+def drift(values: Sequence[float], bound: float = DRIFT_BOUND) -> dict[str, Any]:
+    """First half against second half of a level's repeats (in order; the middle one left out when odd):
+    ``drifting`` when their medians differ by more than ``bound`` (relative to the first half) and their ranges
+    do not overlap (a trend, not one outlier); None with fewer than two repeats."""
+    h = len(values) // 2
+    if h < 1:
+        return {"first": None, "second": None, "change": None, "drifting": None, "bound": bound}
+    first, second = values[:h], values[-h:]
+    a, b = statistics.median(first), statistics.median(second)
+    change = (b - a) / a if a else 0.0
+    apart = max(first) < min(second) or min(first) > max(second)
+    return {"first": a, "second": b, "change": change, "drifting": abs(change) > bound and apart, "bound": bound}
+
+
 @dataclass(frozen=True)
 class Spread:
     min: float
@@ -210,6 +238,11 @@ class LevelSummary:
     client_bound: bool | None = None
     input_tok_s: Spread | None = None
     ttft_mean_s: Spread | None = None  # each repeat's mean time to first token
+    # Warm-up until stable: repeats discarded because the level's figure still drifted (counted as warm-up),
+    # and per server start what was found: the figure judged, the discarded repeats' values, the final
+    # first-half/second-half medians, their relative change and whether it stayed past the bound.
+    warmup_repeats: int = 0
+    stability: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def of(
@@ -221,6 +254,8 @@ class LevelSummary:
         calibration_requests: int = 0,
         min_level_s: float = 0.0,
         ceiling_tok_s: float | None = None,
+        warmup_repeats: int = 0,
+        stability: Sequence[Mapping[str, Any]] = (),
     ) -> "LevelSummary":
         cpu = [r.client_cpu_s for r in runs if r.client_cpu_s is not None]
         tokens = sum(r.completion_tokens for r in runs)
@@ -250,6 +285,8 @@ class LevelSummary:
             client_bound=None if near_ceiling is None and saturated is None else bool(near_ceiling or saturated),
             input_tok_s=Spread.of([r.input_tok_s for r in runs]),
             ttft_mean_s=Spread.of(ttft) if ttft else None,
+            warmup_repeats=warmup_repeats,
+            stability=tuple(dict(item) for item in stability),
         )
 
     @classmethod
@@ -264,6 +301,8 @@ class LevelSummary:
             calibration_requests=sum(lv.calibration_requests for lv in starts),
             min_level_s=first.min_level_s,
             ceiling_tok_s=first.client_ceiling_tok_s,
+            warmup_repeats=sum(lv.warmup_repeats for lv in starts),
+            stability=[item for lv in starts for item in lv.stability],
         )
         warmup_errors: Counter[str] = Counter()
         for lv in starts:
@@ -282,6 +321,8 @@ class LevelSummary:
             calibration_requests=data.get("calibration_requests", 0),
             min_level_s=data.get("min_level_s", 0.0),
             ceiling_tok_s=data.get("client_ceiling_tok_s"),
+            warmup_repeats=data.get("warmup_repeats", 0),
+            stability=data.get("stability") or (),
         )
         return dataclasses.replace(
             level, warmup_requests=data.get("warmup_requests", 0), warmup_errors=dict(data.get("warmup_errors", {}))
@@ -365,6 +406,8 @@ def pool_starts(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     ]
     pooled = dataclasses.replace(first, levels=levels, duration_s=sum(r.duration_s for r in parsed)).to_dict()
     pooled["starts"] = len(reports)
+    # Each start's graph capture times (the start-up cost of the mode), in the order of the starts.
+    pooled["capture_s_by_start"] = [r.get("capture_s") for r in reports]
     for key, value in reports[0].items():
         if key in NESTED_PROFILES:
             pooled[key] = pool_starts([r[key] for r in reports if r.get(key)])

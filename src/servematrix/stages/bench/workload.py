@@ -71,6 +71,11 @@ class Workload:
     client_processes: int = 1
     client_cpus: tuple[int, ...] = ()
     profile: str = "decode"
+    # Warm-up until stable (`run.py`): a level whose repeats drift by more than drift_bound (first half against
+    # second half) discards its oldest repeat as warm-up and runs one more, at most max_warmup_repeats times
+    # (0 here: exactly `repeats`; a matrix's [bench] sets 3 by default).
+    drift_bound: float = 0.10
+    max_warmup_repeats: int = 0
 
     def __post_init__(self) -> None:
         if not self.concurrency or any(c < 1 for c in self.concurrency):
