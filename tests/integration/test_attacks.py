@@ -597,3 +597,111 @@ def test_a_gpu_kind_name_with_a_trailing_newline_is_refused_in_the_matrix(
     matrix.write_text(text.replace("[gpu.cpu]", '[gpu."cpu\\n"]').replace('gpu = ["cpu"]', 'gpu = ["cpu\\n"]'))
     assert main(["plan", str(matrix)]) == 2  # the plan took `cpu\n` as a GPU kind: `$` matches before a newline
     assert "not a valid GPU kind name" in capsys.readouterr().err
+
+
+# ======================================================================== third pass (issue 38)
+# ------------------------------------------------------------------------ High 1: the reaper kills only its own
+
+
+def _dead_pid() -> int:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    return dead.pid
+
+
+def _here() -> dict[str, str]:
+    from servematrix.run import hostinfo
+
+    return {"hostname": hostinfo.host().hostname}
+
+
+def _running(cell: str = "a", **extra: Any) -> dict[str, Any]:
+    row = values(cell, harness_pid=_dead_pid(), host=_here(), argv=["python"], **extra)
+    for key in ("verdict", "metrics", "finished_at"):
+        row.pop(key)
+    return row
+
+
+@pytest.mark.parametrize("argv", [[], ["x"], ["python", "***"]])
+def test_a_crafted_running_row_kills_no_process_it_did_not_start(project: Path, argv: list[str]):
+    from servematrix.run.reaper import reap_orphans
+
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    # The leader of a group exits; its member lives on: a row naming only that group.
+    group = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!"], stdout=subprocess.PIPE, start_new_session=True)
+    member = int(group.stdout.readline()) if group.stdout else 0
+    group.wait()
+    try:
+        with Store(project / "s.sqlite") as store:
+            store.start(**{**_running("a", server_pid=victim.pid, server_pgid=victim.pid), "argv": argv})
+            store.start(**_running("b", server_pgid=group.pid))
+            reap_orphans(store)
+            assert store.running() == []  # both rows are interrupted, their "servers" untouched
+        assert victim.poll() is None and psutil_alive(member)
+    finally:
+        victim.kill()
+        os.kill(member, 9)
+        victim.wait()
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_the_reaper_kills_the_orphan_its_harness_started(project: Path):
+    from servematrix.run.reaper import reap_orphans
+    from servematrix.stages import serve
+
+    argv = ["sleep", "61"]
+    with Store(project / "s.sqlite") as store:
+        store.start(**{**_running("a"), "argv": argv})
+        env = {**os.environ, serve.HARNESS_MARKER: serve.harness_marker("r1", "a")}
+        orphan = subprocess.Popen(argv, env=env, start_new_session=True)
+        store.update("r1", "a", server_pid=orphan.pid, server_pgid=orphan.pid)
+        assert orphan.pid in reap_orphans(store)
+        assert orphan.wait(timeout=10) is not None
+
+
+@pytest.mark.parametrize(("column", "value"), [("host", None), ("argv", None), ("argv", "[]")])
+def test_merge_refuses_a_running_row_with_no_host_or_argv(
+    project: Path, capsys: pytest.CaptureFixture[str], column: str, value: Any
+):
+    store = project / "s.sqlite"
+    with Store(store) as shard:
+        shard.start(**_running("a", server_pid=1, server_pgid=1))
+    tamper(store, f"UPDATE cell_runs SET {column} = ?", value)
+    assert main(["merge", "merged.sqlite", str(store)]) == 2
+    assert "no host or no argv" in one_error_line(capsys)
+
+
+def test_a_merged_running_row_brings_no_pids(project: Path):
+    with Store(project / "s.sqlite") as shard:
+        shard.start(**_running("a", server_pid=1, server_pgid=1))
+    assert main(["merge", "merged.sqlite", str(project / "s.sqlite")]) == 0
+    with Store(project / "merged.sqlite") as merged:
+        (row,) = merged.running()
+    assert row["server_pid"] is None and row["server_pgid"] is None
+
+
+# ------------------------------------------------------------------------ Medium 6: a skewed clock pins no cell
+
+
+def test_a_future_finished_at_is_refused_by_merge_and_pins_no_published_cell(
+    project: Path, capsys: pytest.CaptureFixture[str]
+):
+    future = "2099-01-01T00:00:00+00:00"
+    skewed = make_store(project / "skewed.sqlite", values(finished_at=future, started_at=future))
+    assert main(["merge", "merged.sqlite", str(skewed)]) == 2
+    assert "in the future" in one_error_line(capsys)
+    record = _publish(project)
+    data = json.loads(record.read_text())
+    data["cells"]["a"]["finished_at"] = future
+    record.write_text(json.dumps(data))
+    newer = make_store(project / "newer.sqlite", values(run_id="r2", verdict="fail:server-timeout", metrics=None))
+    assert main(["report", "--publish", "--store", str(newer)]) == 0
+    assert json.loads(record.read_text())["cells"]["a"]["verdict"] == "fail:server-timeout"

@@ -37,6 +37,7 @@ from servematrix.formats.verdict import observed, unserved
 from servematrix.planning.schedule import makespan_line, stored_spans
 from servematrix.report import owned
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
+from servematrix.store.rowschema import in_future
 from servematrix.store.store import Row, Store
 from servematrix.util import DEFAULT_WORKDIR
 
@@ -236,7 +237,8 @@ def _finished(row: Row) -> datetime | None:
         when = datetime.fromisoformat(str(stamp)) if stamp else None
     except ValueError:
         return None
-    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
+    when = when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
+    return None if in_future(when.isoformat() if when else None) else when  # a skewed clock never pins a cell
 
 
 def _newer_or_same(row: Row, than: Row) -> bool:

@@ -1,14 +1,19 @@
 """The orphan reaper: servers left running by a harness that no longer exists (killed, crashed, lost its node).
 
 A row is opened `running`, with the server's pid and process group, before its server starts; a row still
-`running` whose harness is gone is an orphan. Its server group is killed, but only a process whose command
-line is the recorded argv (pids are reused), and the row is marked `interrupted` so the next run runs it again.
+`running` whose harness is gone is an orphan, and is marked `interrupted` so the next run runs it again. Its
+server is killed only when this host's harness provably started it: the process carries the row's marker in
+its environment (`serve.HARNESS_MARKER`, set at launch), started after the row did, and (the group's leader)
+has the recorded argv. A pid or group a row merely names (a crafted or merged row, pid 1) is never touched:
+`merge` drops the pids of the running rows it brings, and a row of another host, or of none, kills nothing.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
 
 import psutil
 
@@ -22,21 +27,51 @@ def reap_orphans(store: Store) -> list[int]:
     killed: list[int] = []
     here = hostinfo.host().hostname
     for row in store.running():
-        if (row.get("host") or {}).get("hostname") not in (None, here):
+        hostname = (row.get("host") or {}).get("hostname")
+        if hostname not in (None, here):
             continue  # a row merged from another machine: its pids mean nothing here
         owner = row.get("harness_pid")
         if owner and owner != os.getpid() and harness_alive(row, here):
             continue  # another live harness owns it
-        pid, pgid = row.get("server_pid"), row.get("server_pgid")
-        if pid and _is_server(pid, row.get("argv") or []):
-            killed += serve.kill_tree(pid, pgid, grace_s=5.0)
-        elif pgid and not psutil.pid_exists(pgid):
-            # The leader is gone but its workers (e.g. sglang schedulers) may live on in its group.
-            killed += serve.kill_tree(pgid, pgid, grace_s=5.0)
+        if hostname == here:
+            killed += serve.kill_processes(_our_servers(row), grace_s=5.0)
         store.finish(
             row["run_id"], row["cell_id"], verdict="interrupted", excerpt="the harness stopped while this cell ran"
         )
     return killed
+
+
+_START_SLACK_S = 2.0  # started_at has one-second resolution
+
+
+def _our_servers(row: Mapping[str, Any]) -> list[psutil.Process]:
+    """The processes of a row's server that this harness started: the recorded leader (its argv too) and its
+    descendants, and the members of its group (the leader may be gone, its workers not), each one carrying
+    the row's marker and younger than the row."""
+    marker = serve.harness_marker(row["run_id"], row["cell_id"])
+    try:
+        since = datetime.fromisoformat(row["started_at"]).timestamp() - _START_SLACK_S
+    except (TypeError, ValueError):
+        return []
+    pid, pgid = row.get("server_pid"), row.get("server_pgid")
+    found: list[psutil.Process] = []
+    if pid and _marked(pid, marker, since) and _is_server(pid, row.get("argv") or []):
+        try:
+            root = psutil.Process(pid)
+            found = [root, *(p for p in root.children(recursive=True) if _marked(p.pid, marker, since))]
+        except psutil.NoSuchProcess:
+            found = []
+    if pgid:
+        found += [p for p in serve._group_members(pgid) if p not in found and _marked(p.pid, marker, since)]
+    return found
+
+
+def _marked(pid: int, marker: str, since: float) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return proc.environ().get(serve.HARNESS_MARKER) == marker and proc.create_time() >= since
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return False
 
 
 def _is_server(pid: int, argv: Sequence[str]) -> bool:

@@ -146,6 +146,7 @@ class CellServer:
                 secret_flags=self.secret_flags,
                 public_env=spec.engine.public_env,
                 passed_env=tuple(env_vars),
+                marker=serve.harness_marker(run_id, cell.id),
             ) as server:
                 ready = server.wait_ready()
                 seconds["serve"] = round(ready.seconds, 3)

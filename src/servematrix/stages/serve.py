@@ -39,6 +39,13 @@ SCAN_INTERVAL_S = 0.1
 SETTLE_S = 0.5
 # How long the log writer may keep draining a server's output after the server exited or was killed.
 DRAIN_S = 2.0
+# The variable every server a harness starts carries, naming its row (`harness_marker`): the reaper kills only
+# a process that carries its row's value, never one a crafted or merged row merely points at.
+HARNESS_MARKER = "SERVEMATRIX_HARNESS_TOKEN"
+
+
+def harness_marker(run_id: str, cell_id: str) -> str:
+    return f"{run_id}/{cell_id}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -72,6 +79,7 @@ class Server:
         secret_flags: Collection[str] = (),
         public_env: Collection[str] = (),
         passed_env: Collection[str] = (),
+        marker: str | None = None,
     ) -> None:
         self.launch = launch
         self.engine = engine
@@ -81,6 +89,7 @@ class Server:
         self.readiness = readiness
         self.timeout_s = timeout_s
         self.on_started = on_started
+        self.marker = marker
         self.base_url = f"http://{host}:{port}"
         # Secrets may be set only in the launch environment, not in the harness's own.
         # Any value it is given may be one, whatever its variable's name: masked unless engine data says public.
@@ -106,7 +115,7 @@ class Server:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=dict(self.launch.env),
+            env={**self.launch.env, **({HARNESS_MARKER: self.marker} if self.marker else {})},
             start_new_session=True,  # its own process group: one killpg reaches every worker
         )
         assert self.process.stdout is not None
@@ -281,6 +290,11 @@ def kill_tree(pid: int, pgid: int | None, *, grace_s: float = 10.0) -> list[int]
         procs = []
     if pgid is not None:
         procs += [p for p in _group_members(pgid) if p not in procs]
+    return kill_processes(procs, grace_s=grace_s)
+
+
+def kill_processes(procs: list[psutil.Process], *, grace_s: float = 10.0) -> list[int]:
+    """SIGTERM each, then SIGKILL what is left. Returns their pids."""
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGTERM)

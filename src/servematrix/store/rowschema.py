@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -272,10 +273,35 @@ def stored_row_checked(source: Path, encoded: dict[str, Any]) -> tuple[Any, ...]
     error = row_error(source, decoded)
     if error is not None:
         raise error
-    if encoded["argv"] is None and not encoded["excerpt"] and encoded["evidence"] in (None, "[]"):
+    where = f"{source}: row {decoded['run_id']}/{decoded['cell_id']}"
+    for key in ("started_at", "finished_at"):
+        if in_future(decoded.get(key)):
+            raise InputError(f"{where}: {key} {decoded[key]} is in the future (a skewed clock?); not merged")
+    if decoded.get("status") == "running":
+        if not (decoded.get("host") or {}).get("hostname") or not decoded.get("argv"):
+            raise InputError(f"{where}: running, with no host or no argv (a harness writes both); not merged")
+        # Its pids name processes of the host it ran on, started by a harness that is not ours: never reaped.
+        decoded = {**decoded, "server_pid": None, "server_pgid": None}
+    elif encoded["argv"] is None and not encoded["excerpt"] and encoded["evidence"] in (None, "[]"):
         return tuple(encoded[c] for c in COLUMNS)
     redacted = encode_row(decoded)
     return tuple(redacted[c] for c in COLUMNS)
+
+
+FUTURE_SLACK_S = 15 * 60  # clocks of one cluster's hosts differ by seconds, not by a quarter of an hour
+
+
+def in_future(stamp: object) -> bool:
+    """Whether an ISO time lies ahead of this host's clock (a row from a skewed clock, or crafted to pin a
+    cell: the newest row wins). A time that does not parse is not in the future."""
+    try:
+        when = datetime.fromisoformat(str(stamp)) if stamp else None
+    except ValueError:
+        return False
+    if when is None:
+        return False
+    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when
+    return (when - datetime.now(UTC)).total_seconds() > FUTURE_SLACK_S
 
 
 def encode_row(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from servematrix.cli import main
 from servematrix.errors import InputError
 from servematrix.run import hostinfo
 from servematrix.run.reaper import reap_orphans
+from servematrix.stages import serve
 from servematrix.store.store import SCHEMA, Store, now
 
 HF_TOKEN = "hf_" + "Wd2" * 10
@@ -80,15 +81,24 @@ def test_merge_is_idempotent(tmp_path):
         assert len(out.all_rows()) == 4
 
 
+def _orphan(argv):
+    """A server as a harness starts it: carrying its row's marker (r1/c1)."""
+    env = {**os.environ, serve.HARNESS_MARKER: serve.harness_marker("r1", "c1")}
+    return subprocess.Popen(argv, env=env, start_new_session=True)
+
+
+HERE = {"hostname": hostinfo.host().hostname}
+
+
 def test_reaper_kills_the_orphan_of_a_dead_harness(tmp_path):
-    orphan = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)", "--fake-server-marker"], start_new_session=True
-    )
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with Store(tmp_path / "s.sqlite") as store:
-        store.start(
-            **_row("r1", "c1"),
+        store.start(**_row("r1", "c1"), host=HERE)
+        orphan = _orphan([sys.executable, "-c", "import time; time.sleep(600)", "--fake-server-marker"])
+        store.update(
+            "r1",
+            "c1",
             argv=[sys.executable, "-c", "import time; time.sleep(600)", "--fake-server-marker"],
             harness_pid=dead.pid,
             server_pid=orphan.pid,
@@ -111,11 +121,12 @@ def test_reaper_knows_an_orphan_whose_stored_argv_is_masked(tmp_path):
         "k3y-" + "x" * 20,
         f"--hf-token={HF_TOKEN}",
     ]
-    orphan = subprocess.Popen(argv, start_new_session=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with Store(tmp_path / "s.sqlite") as store:
-        store.start(**_row("r1", "c1"), argv=argv, harness_pid=dead.pid, server_pid=orphan.pid, server_pgid=orphan.pid)
+        store.start(**_row("r1", "c1"), host=HERE)
+        orphan = _orphan(argv)
+        store.update("r1", "c1", argv=argv, harness_pid=dead.pid, server_pid=orphan.pid, server_pgid=orphan.pid)
         assert store.running()[0]["argv"][-3:] == ["--api-key", "***", "--hf-token=***"]
         assert orphan.pid in reap_orphans(store)
         assert orphan.wait(timeout=10) is not None
