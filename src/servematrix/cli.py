@@ -171,7 +171,17 @@ def _report_table(path: Path) -> Path:
     return path if path.suffix == ".md" else path / TABLE_NAME
 
 
-def _write_report(
+def _write_report(store_path: Path | None, table: Path, baseline: Path | None, **how: bool) -> list:  # type: ignore[type-arg]
+    """`_report`, publishing under the folder's lock: the record merged into is the one there at the write."""
+    from servematrix.report.publish import publish_lock
+
+    if not how.get("publish"):
+        return _report(store_path, table, baseline, **how)
+    with publish_lock(table.parent):
+        return _report(store_path, table, baseline, **how)
+
+
+def _report(
     store_path: Path | None,
     table: Path,
     baseline: Path | None,

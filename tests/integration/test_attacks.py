@@ -15,6 +15,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -705,3 +706,30 @@ def test_a_future_finished_at_is_refused_by_merge_and_pins_no_published_cell(
     newer = make_store(project / "newer.sqlite", values(run_id="r2", verdict="fail:server-timeout", metrics=None))
     assert main(["report", "--publish", "--store", str(newer)]) == 0
     assert json.loads(record.read_text())["cells"]["a"]["verdict"] == "fail:server-timeout"
+
+
+# ------------------------------------------------------------------------ High 2: concurrent publishes
+
+
+def test_two_publishes_at_once_keep_both_stores_cells(project: Path):
+    stores = []
+    for name in ("a", "b"):
+        rows = [values(f"{name}{i}", run_id=f"r{name}", env_id=f"env-{name}") for i in range(25)]
+        stores.append(make_store(project / f"{name}.sqlite", *rows))
+    command = ["-m", "servematrix", "report", "--publish", "--store"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    runs = [subprocess.Popen([sys.executable, *command, str(s)], env=env, stderr=subprocess.PIPE) for s in stores]
+    errors = [run.communicate(timeout=120)[1].decode() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], errors
+    assert len(json.loads((project / "docs" / "results" / "latest.json").read_text())["cells"]) == 50
+    assert sorted("published 50 cell(s)" in e for e in errors) == [False, True]  # the second merged into the first's
+
+
+def test_a_killed_publish_leaves_no_staging_folder_behind(project: Path):
+    _publish(project)
+    leftover = project / "docs" / ".servematrix-staging-killed"
+    (leftover / "results").mkdir(parents=True)
+    (leftover / "results" / "latest.json").write_text("{")
+    _publish(project)
+    assert not leftover.exists()
+    assert ".servematrix-staging-*/" in (REPO / ".gitignore").read_text().split()

@@ -18,14 +18,16 @@ place. A folder that is read-only or immutable, or a path the system refuses, is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import fcntl
 import os
 import shutil
 import sqlite3
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +79,30 @@ def store_packing(path: Path, runs: int = 3) -> list[str]:
 
 
 _OWN_FOLDERS = ("plots", "failures")
+@contextlib.contextmanager
+def publish_lock(out_dir: Path) -> Iterator[None]:
+    """One publisher into a folder at a time: its record is read, merged and written holding a lock on the folder.
+    Two at once would each merge into the record as it was before the other wrote, and one store's cells would
+    be lost. A folder this made for its lock is removed again if nothing was written there. Holding it, the
+    staging folders of a publish that was killed are removed."""
+    created = not out_dir.exists()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # not a folder, or one that cannot be made: write_report says so, writing nothing
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            for leftover in out_dir.glob(".servematrix-staging-*"):  # a publish killed mid-write left it
+                shutil.rmtree(leftover, ignore_errors=True)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+            if created:
+                with contextlib.suppress(OSError):
+                    out_dir.rmdir()  # only when empty
 
 
 def write_report(
