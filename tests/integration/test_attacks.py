@@ -733,3 +733,67 @@ def test_a_killed_publish_leaves_no_staging_folder_behind(project: Path):
     _publish(project)
     assert not leftover.exists()
     assert ".servematrix-staging-*/" in (REPO / ".gitignore").read_text().split()
+
+
+# ------------------------------------------------------------------------ Medium 3: the readiness probe
+
+
+def _hostile_health(answer: bytes, trickle_s: float) -> tuple[int, threading.Event]:
+    """A /health on 127.0.0.1 that sends `answer` a byte at a time every `trickle_s`, then an endless body."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                try:
+                    for byte in answer:
+                        if stop.is_set():
+                            return
+                        conn.sendall(bytes([byte]))
+                        time.sleep(trickle_s)
+                    while not stop.is_set():
+                        conn.sendall(b"\x1f\x8b" + bytes(65536))
+                except OSError:
+                    continue
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], stop
+
+
+@pytest.mark.parametrize(
+    ("answer", "trickle_s", "ok"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000, 0.3, False),  # 1 byte every 0.3 s: never within 2 s
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n\r\n", 0.0, True),  # an endless gzip body
+    ],
+)
+def test_a_hostile_health_endpoint_holds_the_harness_no_longer_than_its_deadline(
+    tmp_path: Path, answer: bytes, trickle_s: float, ok: bool
+):
+    from servematrix.backends import LaunchSpec
+    from servematrix.engines import Readiness
+    from servematrix.stages.serve import Server
+
+    port, stop = _hostile_health(answer, trickle_s)
+    launch = LaunchSpec(argv=("sleep", "30"), env=dict(os.environ), owns_listener=False)
+    readiness = Readiness(path="/health", interval_s=1.0, timeout_s=2.0)
+    done: list[Any] = []
+    try:
+        with Server(
+            launch, engine="transformers", port=port, log_path=tmp_path / "s.log", readiness=readiness, timeout_s=2.0
+        ) as server:
+            waiter = threading.Thread(target=lambda: done.append(server.wait_ready()), daemon=True)
+            waiter.start()
+            waiter.join(timeout=10)
+    finally:
+        stop.set()
+    assert done and done[0].ok is ok and done[0].seconds < 5

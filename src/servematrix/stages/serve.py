@@ -25,7 +25,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-import httpx
 import psutil
 
 from servematrix.backends import LaunchSpec
@@ -165,7 +164,7 @@ class Server:
             if now >= next_poll or (self._ready_line_at is not None and not confirmed_line):
                 confirmed_line = self._ready_line_at is not None
                 path = (self.readiness.confirm_path or self.readiness.path) if confirmed_line else self.readiness.path
-                if self._responds(path) and self._we_listen():
+                if self._responds(path, deadline) and self._we_listen():
                     after = time.monotonic() - self._ready_line_at if self._ready_line_at is not None else None
                     return Ready(ok=True, seconds=time.monotonic() - started, after_ready_line_s=after)
                 next_poll = now + self.readiness.interval_s
@@ -239,13 +238,10 @@ class Server:
         if self._pump is not None:
             self._pump.join(timeout=DRAIN_S)
 
-    def _responds(self, path: str) -> bool:
+    def _responds(self, path: str, deadline: float) -> bool:
         # A fresh connection per probe: some servers drop a kept-alive connection while starting.
-        try:
-            response = httpx.get(self.base_url + path, timeout=min(30.0, self.readiness.interval_s + 5))
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        budget = min(30.0, self.readiness.interval_s + 5, max(0.0, deadline - time.monotonic()) + 1.0)
+        return status_is_200(self.host, self.port, path, budget)
 
     def _we_listen(self) -> bool:
         """The answer came from our server, not from whatever else holds the port."""
@@ -265,6 +261,35 @@ class Server:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         return False
+
+
+PROBE_HEAD_BYTES = 1024
+
+
+def status_is_200(host: str, port: int, path: str, timeout_s: float) -> bool:
+    """Whether a GET of `path` answers 200, within `timeout_s` in all (a server that trickles its answer cannot
+    stretch it), reading only the status line (never a body, so nothing to decompress)."""
+    deadline = time.monotonic() + timeout_s
+    head = b""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            request = (
+                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\n"
+            )
+            sock.sendall(request.encode("latin-1"))
+            while b"\r\n" not in head and len(head) < PROBE_HEAD_BYTES:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                sock.settimeout(left)
+                chunk = sock.recv(PROBE_HEAD_BYTES - len(head))
+                if not chunk:
+                    break
+                head += chunk
+    except (OSError, UnicodeEncodeError):
+        return False
+    status = head.split(b"\r\n", 1)[0].split()
+    return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1] == b"200"
 
 
 def _pump(stream: IO[bytes], log_path: Path, redactor: Redactor) -> None:
