@@ -797,3 +797,25 @@ def test_a_hostile_health_endpoint_holds_the_harness_no_longer_than_its_deadline
     finally:
         stop.set()
     assert done and done[0].ok is ok and done[0].seconds < 5
+
+
+# ------------------------------------------------------------------------ Medium 9: another user's port folder
+
+
+def test_a_port_folder_another_user_can_write_denies_no_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from servematrix.run import ports
+
+    folder = tmp_path / "servematrix-ports"
+    folder.mkdir()
+    monkeypatch.setattr(ports, "LOWEST", 41000)
+    monkeypatch.setattr(ports, "MAX_PORT", 41009)
+    for port in range(41000, 41010):
+        (folder / str(port)).write_text("1")  # pid 1 lives for ever: every port "held"
+    folder.chmod(0o777)
+    with ports.reserved_port((), folder=folder) as port:
+        assert 41000 <= port <= 41009
+    if os.getuid() == 0:  # made first by another user, 0755: ours cannot be written there
+        folder.chmod(0o755)
+        os.chown(folder, 65534, 65534)
+        with ports.reserved_port((), folder=folder) as port:
+            assert 41000 <= port <= 41009

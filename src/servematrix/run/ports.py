@@ -17,6 +17,7 @@ import contextlib
 import os
 import random
 import socket
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -69,12 +70,16 @@ def reservations_dir() -> Path:
 @contextlib.contextmanager
 def reserved_port(offsets: Iterable[int] = (), host: str = "127.0.0.1", *, folder: Path | None = None) -> Iterator[int]:
     """`pick_port`, held with every derived port until the block ends: no other harness of this user on the
-    host picks any of them meanwhile. A folder that cannot be written holds nothing (the pick still checks)."""
+    host picks any of them meanwhile. A folder that cannot be written, or that another user owns or may write,
+    holds nothing (the pick still checks)."""
     offsets = tuple(offsets)
     folder = folder or reservations_dir()
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
+        private = _private(folder)
     except OSError:
+        private = False
+    if not private:
         yield pick_port(offsets, host)
         return
     for _ in range(ATTEMPTS):
@@ -89,6 +94,13 @@ def reserved_port(offsets: Iterable[int] = (), host: str = "127.0.0.1", *, folde
                 path.unlink(missing_ok=True)
         return
     raise NoPortError(f"no port with free ports at offsets {offsets} could be held in {folder} after {ATTEMPTS} tries")
+
+
+def _private(folder: Path) -> bool:
+    """Whether only this user can change the folder: another local user who made it first (in the shared
+    temporary folder) could otherwise fill it with reservations that deny every port, or refuse ours."""
+    info = folder.lstat()
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 def _hold(folder: Path, wanted: list[int]) -> list[Path] | None:
