@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -149,6 +150,13 @@ def command_words(name: str, text: str | None) -> tuple[str, ...] | None:
     if not words:
         raise InputError(f"{name} is empty")
     return words
+
+
+def slurm_name(name: str, text: str | None) -> str | None:
+    """A Slurm partition (or a comma-separated list of them): a name, never a second line of the script."""
+    if text is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*", text):
+        raise InputError(f"{name} {text[:80]!r}: a Slurm partition is letters, digits and . _ - (comma-separated)")
+    return text
 
 
 def url_bases(name: str, texts: Sequence[str]) -> dict[str, str]:
@@ -673,6 +681,7 @@ OPTIONS: tuple[Option, ...] = (
         metavar="P",
         help="Slurm partition for every job (default: the cluster's)",
         commands=("submit",),
+        check=slurm_name,
     ),
     Option(
         flags=("--out",),

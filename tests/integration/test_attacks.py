@@ -819,3 +819,39 @@ def test_a_port_folder_another_user_can_write_denies_no_port(tmp_path: Path, mon
         os.chown(folder, 65534, 65534)
         with ports.reserved_port((), folder=folder) as port:
             assert 41000 <= port <= 41009
+
+
+# ------------------------------------------------------------------------ Medium 10 and Low: sbatch scripts
+
+
+def _directives(script: str) -> dict[str, str]:
+    """The #SBATCH options as sbatch reads them: the line split at spaces, quotes honoured."""
+    import shlex
+
+    found: dict[str, str] = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            for word in shlex.split(line.removeprefix("#SBATCH ")):
+                key, _, value = word.partition("=")
+                found[key] = value
+    return found
+
+
+def test_sbatch_paths_with_a_space_or_a_percent_reach_slurm_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from servematrix.cli import parse_args
+    from servematrix.scaleout.slurm import options_from_args, prepare
+
+    project = tmp_path / "My Proj %j"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    options = options_from_args(parse_args(["submit", str(REPO / MATRIX), "--slurm", "--out", "o 100%"]))
+    (array,) = prepare(options).arrays
+    found = _directives(array.script.read_text())
+    assert found["--chdir"] == str(project)
+    assert found["--output"] == str(project / "o 100%%" / "logs").replace("%j", "%%j") + "/cpu-%a.out"
+
+
+def test_a_partition_with_a_line_break_is_refused(project: Path, capsys: pytest.CaptureFixture[str]):
+    code = main(["submit", str(REPO / MATRIX), "--slurm", "--dry-run", "--partition", "gpu\necho owned"])
+    assert code == 2
+    assert "partition" in one_error_line(capsys)

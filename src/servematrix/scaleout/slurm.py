@@ -252,13 +252,23 @@ def _header(options: SubmitOptions, job_name: str, output: str, time_minutes: in
         "#!/bin/bash",
         f"# Written by `servematrix submit --slurm` at {datetime.now(UTC).isoformat(timespec='seconds')}.",
         f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --chdir={options.chdir}",
-        f"#SBATCH --output={options.out_dir / 'logs' / output}",
+        f"#SBATCH --chdir={_directive_path(options.chdir)}",
+        # Slurm fills %-patterns in --output: a % of the path itself is written %%.
+        f"#SBATCH --output={_directive_path(str(options.out_dir / 'logs').replace('%', '%%') + '/' + output)}",
         f"#SBATCH --time={time_minutes}",
     ]
     if options.partition:
         lines.append(f"#SBATCH --partition={options.partition}")
     return lines
+
+
+def _directive_path(path: Path | str) -> str:
+    """A path in an `#SBATCH` line, double-quoted (sbatch splits the line at spaces, and reads quotes); a path
+    holding a double quote or a line break cannot be written there."""
+    text = str(path)
+    if '"' in text or "\n" in text or "\r" in text:
+        raise InputError(f"{text[:200]!r}: a path with a double quote or a line break cannot go into an #SBATCH line")
+    return f'"{text}"'
 
 
 def _array_script(options: SubmitOptions, gpu: str, name: str, tasks: int, gpus: int, minutes: int) -> str:

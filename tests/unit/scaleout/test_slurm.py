@@ -65,7 +65,7 @@ def test_one_array_per_gpu_kind_with_gpus_and_time_from_the_spec(tmp_path, monke
         assert sbatch_line(text, "--time") == str(minutes)
         assert sbatch_line(text, "--partition") == "gpu"
         assert sbatch_line(text, "--array") == f"0-{array.tasks - 1}%3"
-        assert sbatch_line(text, "--chdir") == str(tmp_path)
+        assert sbatch_line(text, "--chdir") == f'"{tmp_path}"'
         assert len(array.stores) == array.tasks
     assert sum(a.cells for a in submission.arrays) == len(make_plan(GLM5).cells)
     merge = submission.merge_script.read_text()
