@@ -83,6 +83,8 @@ class ServeFaults(DataTable):
 class BuildFaults(DataTable):
     network_fault: str
     network_patterns: Patterns
+    storage_fault: str
+    storage_patterns: Patterns
 
 
 class ResolveFaults(DataTable):
@@ -128,9 +130,12 @@ def resolve_ended(status: str, reason: str) -> Verdict | None:
 
 
 def build_failed(excerpt: str, log_tail: str = "") -> Verdict:
-    """A failed build: `error:build-network` when an index or registry could not be reached, else `fail:build`."""
+    """A failed build: `error:build-storage` when the host's storage or the container engine failed,
+    `error:build-network` when an index or registry could not be reached, else `fail:build`."""
     faults = harness_faults()
     text = f"{log_tail}\n{excerpt}"
+    if any(p.search(text) for p in faults.build.storage_patterns):
+        return error(faults.build.storage_fault, excerpt=excerpt)
     if any(p.search(text) for p in faults.build.network_patterns):
         return error(faults.build.network_fault, excerpt=excerpt)
     return failed("build", excerpt=excerpt)

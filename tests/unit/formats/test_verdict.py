@@ -77,6 +77,23 @@ def test_a_build_that_could_not_reach_the_network_is_retried(tail, verdict):
 
 
 @pytest.mark.parametrize(
+    "tail",
+    [
+        # podman, out of space after the step ran (issue 38): was a published fail:build
+        "STEP 7/9: RUN uv pip sync /lock.txt\nInstalled 180 packages\nError: committing container for step "
+        '{Env:[] Command:run}: copying layers and metadata for container "3f2": writing blob: adding layer '
+        'with blob "sha256:9a1": processing tar file(write /usr/lib/libcudnn.so.9): no space left on device',
+        "OSError: [Errno 28] No space left on device: '/root/.cache/uv/archive-v0/x'",
+        "error: failed to write to file `/venv/lib/x.so`: Disk quota exceeded (os error 122)",
+        'Error: creating build container: creating read-write layer with ID "a": mkdir /var/lib/x: read-only file system',
+        "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?",
+    ],
+)
+def test_a_fault_of_the_hosts_storage_or_container_engine_is_the_harnesss(tail):
+    assert str(build_failed("step 7/9 failed", tail)) == "error:build-storage"
+
+
+@pytest.mark.parametrize(
     ("stderr", "status"),
     [
         ("error: Request failed after 3 retries\n  Caused by: connection reset", "error"),
