@@ -230,6 +230,7 @@ class _Runner:
             hostname=hostinfo.host().hostname,
             rerun=self.options.rerun,
             since=self._started,
+            counts=(lambda row: not reuse.was_reused(row)) if self.options.fresh else None,
         )
         if claim.owner_pid is not None:
             self.summary.skipped_owned[cell.id] = claim.owner_pid

@@ -164,6 +164,13 @@ def reused_note(row: Row | Mapping[str, Any]) -> str:
     return f"{REUSED_PREFIX}{day}, decided on a CPU (run {row.get('run_id')})"
 
 
+def was_reused(row: Mapping[str, Any]) -> bool:
+    """Whether a stored row is a published verdict a run reused, not a run that decided its cell: for
+    `--fresh`, no finished run."""
+    evidence = row.get("evidence") or []
+    return bool(evidence) and str(evidence[0]).startswith(REUSED_PREFIX)
+
+
 def provenance(row: Mapping[str, Any]) -> dict[str, Any]:
     """What a reused row keeps of the published one: the lock it was decided from."""
     return {k: row.get(k) for k in ("lock_hash", "lock_file", "crossed_pins")}

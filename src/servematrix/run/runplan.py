@@ -86,8 +86,10 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
 
 
 def unchanged(store: Store, plan: Plan, cell: Cell, options: RunOptions) -> bool:
-    """Whether a cell's finished result still stands, so the run does not run it again."""
-    return not options.rerun and store.finished(cell.id, inputs_hash(plan, cell, options.stages)) is not None
+    """Whether a cell's finished result still stands, so the run does not run it again (for `--fresh`, a reused
+    published verdict does not)."""
+    done = None if options.rerun else store.finished(cell.id, inputs_hash(plan, cell, options.stages))
+    return done is not None and not (options.fresh and reuse.was_reused(done))
 
 
 def cell_stages(plan: Plan, cell: Cell, stages: Sequence[str]) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -195,12 +195,20 @@ class Store:
         row = {"status": "running", "started_at": now(), **values}
         self._write("INSERT OR REPLACE", row)
 
-    def claim(self, *, hostname: str, rerun: bool = False, since: str | None = None, **values: Any) -> Claim:
+    def claim(
+        self,
+        *,
+        hostname: str,
+        rerun: bool = False,
+        since: str | None = None,
+        counts: Callable[[Row], bool] | None = None,
+        **values: Any,
+    ) -> Claim:
         """Open a `running` row for this cell unless another live harness runs it, or it is already done.
 
         One transaction, so two harnesses on one store cannot both claim a cell. Without `rerun`, a final
         result with the same inputs means there is nothing to do; with it, only a final result another run
-        started since `since` (this run's start) does.
+        started since `since` (this run's start) does. A final result `counts` refuses is no finished run.
         """
         row = {"status": "running", "started_at": now(), **values}
         with self._transaction() as db:
@@ -211,6 +219,8 @@ class Store:
                     return Claim(claimed=False, owner_pid=other["harness_pid"])
             done = self._newest_finished(db, row["cell_id"], row["inputs_hash"])
             done_by_another = done is not None and since is not None and done["run_id"] != row["run_id"]
+            if done is not None and counts is not None and not counts(done):
+                done = None
             if done is not None and _final(done) and (not rerun or (done_by_another and done["started_at"] >= since)):
                 return Claim(claimed=False, unchanged=True)
             encoded = encode_row(row)

@@ -127,6 +127,19 @@ def test_published_cpu_verdicts_are_reused_until_a_lock_byte_changes(toy, tmp_pa
     assert any(line.startswith("--fresh: nothing reused") for line in lines)
 
 
+def test_fresh_after_a_run_that_reused_decides_every_cell(toy, tmp_path):
+    """Issue 38: `--fresh` on the store a default run filled with reused verdicts ran nothing ("unchanged")."""
+    plan, locks, _ = toy
+    record = tmp_path / "docs" / "results" / "latest.json"
+    _publish(_run(plan, tmp_path, "first", locks, record)[1], record)
+    second, rows, _ = _run(plan, tmp_path, "same", locks, record)
+    assert _reused(rows) == set(second.verdicts)
+    fresh, rows, _ = _run(plan, tmp_path, "same", locks, record, fresh=True)
+    assert fresh.skipped_unchanged == 0 and set(fresh.verdicts) == {c.id for c in plan.cells} and not _reused(rows)
+    again, _, _ = _run(plan, tmp_path, "same", locks, record, fresh=True)
+    assert again.skipped_unchanged == len(plan.cells)  # what --fresh decided is a finished run
+
+
 def test_one_byte_of_the_engine_data_or_of_its_hooks_code_decides_every_cell_again(toy, tmp_path, monkeypatch):
     plan, locks, engines = toy
     record = tmp_path / "latest.json"
