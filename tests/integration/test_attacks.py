@@ -855,3 +855,19 @@ def test_a_partition_with_a_line_break_is_refused(project: Path, capsys: pytest.
     code = main(["submit", str(REPO / MATRIX), "--slurm", "--dry-run", "--partition", "gpu\necho owned"])
     assert code == 2
     assert "partition" in one_error_line(capsys)
+
+
+# ------------------------------------------------------------------------ Medium 7: plots of one file stem
+
+
+def test_two_matrices_of_one_file_stem_get_plots_of_their_own(project: Path):
+    store = make_store(
+        project / "s.sqlite",
+        values("a", matrix="matrix/a/cpu-smoke.toml"),
+        values("b", env_id="env-b", matrix="matrix/b/cpu-smoke.toml", metrics=metrics(tok_s=99.0)),
+    )
+    assert main(["report", "--store", str(store), "--out", "out"]) == 0
+    page = (project / "out" / "compatibility.md").read_text()
+    links = [line for line in page.splitlines() if "throughput.svg" in line]
+    assert len(links) == 2 and links[0] != links[1], links
+    assert len(list((project / "out" / "plots").glob("*throughput.svg"))) == 2

@@ -6,10 +6,12 @@ nothing changes no file in the docs.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import statistics
 import textwrap
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,16 @@ def matrix_slug(matrix: str) -> str:
     return slug(Path(matrix).stem, "matrix")
 
 
+def plot_stems(matrices: Iterable[str]) -> dict[str, str]:
+    """Each matrix's stem for its plot files: its file's stem, unless two matrices share one (`a/glm.toml`,
+    `b/glm.toml`); those are named by their whole path, and a hash of it if even that is shared."""
+    stems = {m: matrix_slug(m) for m in dict.fromkeys(matrices)}
+    shared = Counter(stems.values())
+    stems = {m: s if shared[s] == 1 else slug(Path(m).with_suffix("").as_posix(), "matrix") for m, s in stems.items()}
+    shared = Counter(stems.values())
+    return {m: s if shared[s] == 1 else f"{s}-{hashlib.sha256(m.encode()).hexdigest()[:8]}" for m, s in stems.items()}
+
+
 def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
     """Every plot for every matrix in `rows`, written under `out_dir`; matrices with nothing to draw get none.
     Plots of matrices no longer in the rows (pruned from the published results) are removed."""
@@ -82,8 +94,10 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
         by_matrix.setdefault(row["matrix"], []).append(row)
     plots: list[Plot] = []
     own_folder(out_dir)
+    stems = plot_stems(by_matrix)
     for matrix, group in by_matrix.items():
-        for plot in (throughput_plot(matrix, group, out_dir), *speedup_heatmaps(matrix, group, out_dir)):
+        stem = stems[matrix]
+        for plot in (throughput_plot(matrix, group, out_dir, stem), *speedup_heatmaps(matrix, group, out_dir, stem)):
             if plot is not None:
                 plots.append(plot)
     replace_owned(out_dir, (p.path.name for p in plots))  # only plots an earlier report wrote are removed
@@ -109,13 +123,13 @@ def _environments(rows: Sequence[Row], axes: Sequence[str]) -> tuple[dict[str, d
     return ordered, varying
 
 
-def throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
+def throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str | None = None) -> Plot | None:
     """One panel per environment that measured anything; one line per mode (median, min–max bars)."""
     with plt.rc_context(STYLE):
-        return _throughput_plot(matrix, rows, out_dir)
+        return _throughput_plot(matrix, rows, out_dir, stem or matrix_slug(matrix))
 
 
-def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | None:
+def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str) -> Plot | None:
     engine = load_engine(rows[0]["engine"])
     modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
     envs, varying = _environments(rows, [*engine.axes, "gpu"])
@@ -172,9 +186,9 @@ def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path) -> Plot | 
                 handles.append(handle)
                 labels.append(label)
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False)
-    title = f"{matrix_slug(matrix)}: output tok/s against concurrency"
+    title = f"{stem}: output tok/s against concurrency"
     fig.suptitle(f"{title}\n(median of repeats; bars: min–max)", fontsize=10)
-    path = out_dir / f"{matrix_slug(matrix)}-throughput.svg"
+    path = out_dir / f"{stem}-throughput.svg"
     _save(fig, path)
     return Plot(matrix=matrix, kind="throughput", title=title, path=path)
 
@@ -213,7 +227,7 @@ def _heat_cell(
     return _HeatCell(None, label, status)
 
 
-def speedup_heatmaps(matrix: str, rows: Sequence[Row], out_dir: Path) -> list[Plot]:
+def speedup_heatmaps(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str | None = None) -> list[Plot]:
     """For each mode beyond the first, its headline speedup over the first (the table's) over (engine version)
     × (second axis), one panel per GPU.
 
@@ -229,15 +243,16 @@ def speedup_heatmaps(matrix: str, rows: Sequence[Row], out_dir: Path) -> list[Pl
     with plt.rc_context(STYLE):
         for index, mode in enumerate(modes[1:]):
             # The first map keeps the name it had when there was only one (links to it stay valid).
-            name = f"{matrix_slug(matrix)}-speedup.svg" if index == 0 else f"{matrix_slug(matrix)}-{mode}-speedup.svg"
-            plot = _speedup_heatmap(engine, matrix, rows, out_dir / name, modes[0], mode)
+            stem = stem or matrix_slug(matrix)
+            name = f"{stem}-speedup.svg" if index == 0 else f"{stem}-{mode}-speedup.svg"
+            plot = _speedup_heatmap(engine, matrix, rows, out_dir / name, modes[0], mode, stem)
             if plot is not None:
                 plots.append(plot)
     return plots
 
 
 def _speedup_heatmap(
-    engine: Engine, matrix: str, rows: Sequence[Row], path: Path, first_mode: str, second_mode: str
+    engine: Engine, matrix: str, rows: Sequence[Row], path: Path, first_mode: str, second_mode: str, stem: str
 ) -> Plot | None:
     x_axis = engine.version_axis
     y_axis = engine.heatmap_axis or engine.axes[1]
@@ -287,7 +302,7 @@ def _speedup_heatmap(
             spine.set_visible(False)
     if image is not None and values:
         fig.colorbar(image, ax=list(axes_row.flat), label=f"{second_mode} / {first_mode}", shrink=0.8)
-    title = f"{matrix_slug(matrix)}: {second_mode} / {first_mode} speedup"
+    title = f"{stem}: {second_mode} / {first_mode} speedup"
     envs_of = [{first_mode: first, second_mode: second} for pairs in grid.values() for first, second in pairs]
     measured = headline_heading(engine, second_mode, envs_of, first_mode)
     why = "" if values else "; no square holds a measured speedup (each says why)"
