@@ -8,7 +8,8 @@ passed the CPU pre-flights.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -75,6 +76,51 @@ def _changes(row: Row, other: Row) -> list[str]:
     return out
 
 
+def _nearest_finder(good: Sequence[Row]) -> Callable[[Row], Row | None]:
+    """A failing row's nearest in `good`: fewest changes (`_changes`), then the same mode, then the first.
+
+    Scanning `good` for every failing row was quadratic in environments (issue 38). Rows of one axis set are
+    found in buckets instead: a row's axis values and mode with up to two of them left out, each bucket in
+    `good`'s order; the first bucket entries at the fewest left out are the answer, exactly as the scan's. Only
+    a row more than two changes from every good one is scanned for."""
+
+    def scan(row: Row) -> Row | None:
+        return min(good, key=lambda g: (len(_changes(row, g)), g["mode"] != row["mode"]), default=None)
+
+    names = {tuple(sorted(a for a in g["axes"] if a != "gpu")) for g in good}
+    if len(names) != 1:
+        return scan
+    (axes,) = names
+    width = len(axes) + 1  # the mode is the last feature
+    masks = [m for d in range(3) for m in itertools.combinations(range(width), d)]
+
+    def keys(row: Row) -> Iterator[tuple[tuple[int, ...], tuple[Any, ...]]]:
+        features = (*(row["axes"].get(a) for a in axes), row["mode"])
+        for mask in masks:
+            yield mask, tuple(_ANY if i in mask else v for i, v in enumerate(features))
+
+    buckets: dict[tuple[tuple[int, ...], tuple[Any, ...]], int] = {}
+    for position, row in enumerate(good):
+        for key in keys(row):
+            buckets.setdefault(key, position)  # the first in good's order is all a bucket needs
+
+    def find(row: Row) -> Row | None:
+        if tuple(sorted(a for a in row["axes"] if a != "gpu")) != axes:
+            return scan(row)
+        hits = [(len(mask), width - 1 in mask, buckets[(mask, k)]) for mask, k in keys(row) if (mask, k) in buckets]
+        if not hits:
+            return scan(row)
+        fewest = min(h[0] for h in hits)
+        # At the fewest left out, a bucket's entries differ exactly there (none differs in fewer), so a bucket
+        # that leaves out the mode holds only rows of another mode.
+        return good[min((h[1], h[2]) for h in hits if h[0] == fewest)[1]]
+
+    return find
+
+
+_ANY = object()
+
+
 def recommend(rows: Sequence[Row]) -> list[Recommendation]:
     """One recommendation per GPU kind in the rows."""
     out = []
@@ -119,8 +165,9 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
         )
         stacks = observed + undecided
         failing = []
+        nearest = _nearest_finder(good)
         for row in (r for r in mine if _status(r) == "fail"):
-            best = min(good, key=lambda g: (len(_changes(row, g)), g["mode"] != row["mode"]), default=None)
+            best = nearest(row)
             failing.append(
                 Neighbour(
                     cell_id=row["cell_id"],
