@@ -871,3 +871,21 @@ def test_two_matrices_of_one_file_stem_get_plots_of_their_own(project: Path):
     links = [line for line in page.splitlines() if "throughput.svg" in line]
     assert len(links) == 2 and links[0] != links[1], links
     assert len(list((project / "out" / "plots").glob("*throughput.svg"))) == 2
+
+
+# ------------------------------------------------------------------------ Medium 8: report linear in environments
+
+
+def test_the_throughput_figure_holds_a_bounded_number_of_panels(project: Path, monkeypatch: pytest.MonkeyPatch):
+    """A panel per environment made 1500 environments take 20 minutes (tests/benchmarks/test_report_scale.py)."""
+    from servematrix.report import plots
+
+    monkeypatch.setattr(plots, "MAX_PANELS", 2)
+    rows = [
+        values(str(i), env_id=f"env-{i}", axes={**AXES, "transformers": f"5.2{i}.0"}, metrics=metrics(10.0 + i))
+        for i in range(3)
+    ]
+    store = make_store(project / "s.sqlite", *rows)
+    assert main(["report", "--store", str(store), "--out", "out"]) == 0
+    svg = next((project / "out" / "plots").glob("*throughput.svg")).read_text()
+    assert "the newest 2 of 3 environments" in svg and "transformers 5.20.0" not in svg

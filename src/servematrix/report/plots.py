@@ -123,8 +123,12 @@ def _environments(rows: Sequence[Row], axes: Sequence[str]) -> tuple[dict[str, d
     return ordered, varying
 
 
+MAX_PANELS = 24  # environments in one throughput figure (issue 38: 1500 panels took 20 minutes)
+
+
 def throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str | None = None) -> Plot | None:
-    """One panel per environment that measured anything; one line per mode (median, min–max bars)."""
+    """One panel per environment that measured anything (the newest `MAX_PANELS`); one line per mode (median,
+    min–max bars)."""
     with plt.rc_context(STYLE):
         return _throughput_plot(matrix, rows, out_dir, stem or matrix_slug(matrix))
 
@@ -140,6 +144,10 @@ def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str)
     }
     if not measured:
         return None
+    shown = ""
+    if len(measured) > MAX_PANELS:  # a figure's layout grows faster than its panels: the newest, and say so
+        shown = f"; the newest {MAX_PANELS} of {len(measured)} environments, the table has every one"
+        measured = dict(list(measured.items())[-MAX_PANELS:])
     cols = min(4, len(measured))
     nrows = -(-len(measured) // cols)
     fig, axes_grid = plt.subplots(
@@ -187,7 +195,7 @@ def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str)
                 labels.append(label)
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False)
     title = f"{stem}: output tok/s against concurrency"
-    fig.suptitle(f"{title}\n(median of repeats; bars: min–max)", fontsize=10)
+    fig.suptitle(f"{title}\n(median of repeats; bars: min–max{shown})", fontsize=10)
     path = out_dir / f"{stem}-throughput.svg"
     _save(fig, path)
     return Plot(matrix=matrix, kind="throughput", title=title, path=path)
