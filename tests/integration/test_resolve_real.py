@@ -11,6 +11,7 @@ import shutil
 import subprocess
 
 import pytest
+from packaging.version import Version
 
 from servematrix.formats.lockfile import parse_header
 from servematrix.stages import resolve as resolve_stage
@@ -188,3 +189,29 @@ def test_release_metadata_read_by_ranges_is_the_installed_wheels(tmp_path, monke
     assert by_ranges == [installed]
     assert (tmp_path / "pins" / "sglang-0.5.12.METADATA").read_text(encoding="utf-8") == installed
     assert pins["flashinfer-python"] == "0.6.11.post1"
+
+
+def test_sglang_0_5_12_as_released_resolves_the_kernels_of_its_day(locks, pins_cache):
+    """kernels 0.15+ (published after sglang 0.5.12) breaks its import; resolved as the index was on the release's
+    day, the lock holds the kernels 0.5.12 shipped with, and the header says how it was made."""
+    today = resolve(
+        ResolveRequest(env_id="today", requirements=("sglang==0.5.12",), axes={"sglang": "0.5.12"}),
+        out_dir=locks,
+        pins_cache_dir=pins_cache,
+    )
+    released = resolve(
+        ResolveRequest(
+            env_id="released",
+            requirements=("sglang==0.5.12",),
+            axes={"sglang": "0.5.12", "resolution": "as-released"},
+        ),
+        out_dir=locks,
+        pins_cache_dir=pins_cache,
+    )
+    assert today.status == released.status == "resolved", (today.reason, released.reason)
+    assert Version(today.pins["kernels"]) >= Version("0.15")
+    assert Version(released.pins["kernels"]) < Version("0.15")
+    assert released.inputs_hash != today.inputs_hash
+    header = parse_header(released.lockfile.read_text())
+    assert "--exclude-newer 2026-05-16T18:20:19Z" in header.command
+    assert header.axes["resolution"] == "as-released"

@@ -25,6 +25,13 @@ from servematrix.formats.tomlsource import KeyPath, TomlSource
 
 PINNED = "pinned"
 LOCKED = "locked"  # a package axis left to the resolver
+# The optional `resolution` axis: resolve as the index is today, or as it was when the engine release was
+# published (uv's --exclude-newer at the release's upload time). `today` is what a matrix without the axis does.
+RESOLUTION = "resolution"
+TODAY = "today"
+AS_RELEASED = "as-released"
+RESOLUTIONS = (TODAY, AS_RELEASED)
+RECIPE_DEFAULT = "default"  # a flag axis's value on a kind whose recipe does not give the flag
 PACKAGE_NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 # Arguments are never given to a shell, but reproduce commands are pasted into one: a value that needs
 # quoting to be safe is almost always a mistake in a matrix file.
@@ -46,6 +53,10 @@ class ModelSpec(_Strict):
     name: str = Field(min_length=1)
     path: str = Field(min_length=1)
     build: str | None = None  # a model builder of the engine, e.g. "tiny-llama"
+    # The model's config files without weights (config.json, its quantization config), a folder relative to
+    # the matrix file: what the load pre-flight reads on a host without the model. A runner with the weights
+    # serves `path` as before.
+    config_dir: str | None = None
 
 
 class ContainerOptions(_Strict):
@@ -56,6 +67,26 @@ class ContainerOptions(_Strict):
     mounts: list[str] = []  # read-only model caches: HOST:CONTAINER
 
 
+class ReleaseArgs(_Strict):
+    """`[[gpu.<kind>.args_by_release]]`: the kind's server arguments for a range of the engine's releases. A
+    flag the kind's `args` already give takes this value in place; a new one is appended. Recipes change by
+    release (sglang 0.5.12 dropped the CUTLASS NVFP4 MoE runner that 0.5.10's recipe used)."""
+
+    versions: str = Field(min_length=1)  # a version specifier of the engine's own version, e.g. ">=0.5.12"
+    args: list[str] = Field(min_length=1)
+    source: str = Field(min_length=1)  # where this recipe was read: a wheel's file, a public recipe
+
+
+class FlagAxis(_Strict):
+    """`[flag_axes.<axis>]`: an axis whose values are one server flag's values (`moe_runner` sweeping
+    `--moe-runner-backend`). A kind outside `gpu` keeps its recipe's value; a value equal to the recipe's
+    leaves the environment's id as it was without the axis."""
+
+    flag: str = Field(pattern=r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")
+    gpu: list[str] = []  # the kinds it sweeps; empty: all
+    source: str = ""
+
+
 class GpuKind(_Strict):
     arch: str = Field(pattern=r"^(sm_\d+a?|cpu)$")
     count: int = Field(ge=0)
@@ -64,6 +95,7 @@ class GpuKind(_Strict):
     platform: str = DEFAULT_PLATFORM
     timeout_minutes: int = Field(default=120, gt=0)
     args: list[str] = []
+    args_by_release: list[ReleaseArgs] = []
     env: dict[str, str] = {}
     # One server rank per GPU of the kind, with the engine's tensor-parallel args (engine data
     # `tensor_parallel`: the size from `count`, and the ports its ranks use, checked valid and free).
@@ -154,6 +186,8 @@ class SpecFile(_Strict):
     # A version is a resolver override, recorded as a crossed pin; `locked` leaves the package to the resolver.
     packages: list[str] = []
     axes: dict[str, list[str]]
+    # Axes over a server flag's values, beside the version axes (their values: axes.<name>).
+    flag_axes: dict[str, FlagAxis] = {}
     include: list[dict[str, str | list[str]]] = []
     exclude: list[dict[str, str | list[str]]] = []
     server: ServerSpec = ServerSpec()
@@ -181,10 +215,10 @@ class Rule(BaseModel):
     line: int | None = None
 
     def matches(self, values: dict[str, str]) -> bool:
-        return all(any(_value_matches(values.get(k, ""), want) for want in wants) for k, wants in self.conditions)
+        return all(any(value_matches(values.get(k, ""), want) for want in wants) for k, wants in self.conditions)
 
 
-def _value_matches(value: str, wanted: str) -> bool:
+def value_matches(value: str, wanted: str) -> bool:
     if wanted.startswith(RULE_OPERATORS):
         try:
             return SpecifierSet(wanted).contains(Version(value), prereleases=True)
@@ -206,7 +240,20 @@ class Spec(BaseModel):
 
     @property
     def axis_names(self) -> tuple[str, ...]:
-        return (*self.engine.axes, *self.file.packages, "gpu")
+        """The axes of an environment, in order: the engine's versions, package axes, the optional
+        `resolution`, flag axes, then the GPU kind."""
+        optional = (RESOLUTION,) if RESOLUTION in self.file.axes else ()
+        return (*self.engine.axes, *self.file.packages, *optional, *self.file.flag_axes, "gpu")
+
+
+def model_config_dir(spec: Spec) -> Path | None:
+    """The folder of the model's config files on this host (no weights): the matrix's `[model] config_dir`
+    (relative to the matrix file), else the model path when it is a local folder with a config.json."""
+    model = spec.file.model
+    if model.config_dir:
+        return (Path(spec.path).parent / model.config_dir).resolve()
+    local = Path(model.path)
+    return local.resolve() if (local / "config.json").is_file() else None
 
 
 def load_spec(path: Path | str) -> Spec:
@@ -286,9 +333,45 @@ def _check_packages(source: TomlSource, file: SpecFile, engine: Engine) -> None:
         seen.add(name)
 
 
+def _known_axes(file: SpecFile, engine: Engine) -> tuple[str, ...]:
+    return (*engine.axes, *file.packages, RESOLUTION, *file.flag_axes, "gpu", "mode")
+
+
+def _check_flag_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    taken = (*engine.axes, *file.packages, RESOLUTION, "gpu", "mode")
+    flags: dict[str, str] = {}
+    for name, axis in file.flag_axes.items():
+        where = ("flag_axes", name)
+        if not NAME.match(name) or name in taken:
+            raise source.error(where, f"{name!r} cannot name a flag axis: it is taken or not a name ({NAME_RULE})")
+        if axis.flag in flags:
+            raise source.error((*where, "flag"), f"{axis.flag} is already swept by flag axis {flags[axis.flag]!r}")
+        flags[axis.flag] = name
+        for index, kind in enumerate(axis.gpu):
+            if kind not in file.gpu:
+                raise source.error(
+                    (*where, "gpu", index), f"unknown GPU kind {kind!r}: define it in a [gpu.{kind}] table"
+                )
+        if name not in file.axes:
+            raise source.error(where, f"flag axis {name!r} has no values: give them as axes.{name}")
+
+
+def _check_releases(source: TomlSource, file: SpecFile) -> None:
+    for name, kind in file.gpu.items():
+        for index, rows in enumerate(kind.args_by_release):
+            try:
+                SpecifierSet(rows.versions)
+            except InvalidSpecifier:
+                raise source.error(
+                    ("gpu", name, "args_by_release", index, "versions"), f"{rows.versions!r} is not a version specifier"
+                ) from None
+
+
 def _check_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None:
     _check_packages(source, file, engine)
-    known = (*engine.axes, *file.packages, "gpu", "mode")
+    _check_flag_axes(source, file, engine)
+    _check_releases(source, file)
+    known = _known_axes(file, engine)
     for axis, values in file.axes.items():
         if axis not in known:
             raise source.error(("axes", axis), f"unknown axis for engine {engine.name} (axes: {', '.join(known)})")
@@ -308,7 +391,7 @@ def _check_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None:
                 )
             seen[same] = index
     for axis in known:
-        if axis not in file.axes:
+        if axis not in file.axes and axis != RESOLUTION:
             raise source.error(("axes",), f"axis {axis!r} is missing")
 
 
@@ -323,6 +406,12 @@ def _check_axis_value(
             raise source.error(where, f"unknown GPU kind {value!r}: define it in a [gpu.{value}] table")
     elif axis in file.packages and value == LOCKED:
         return
+    elif axis == RESOLUTION:
+        if value not in RESOLUTIONS:
+            raise source.error(where, f"unknown resolution {value!r} (one of: {', '.join(RESOLUTIONS)})")
+    elif axis in file.flag_axes:
+        if not NAME.match(value):
+            raise source.error(where, f"{value!r} is not a flag value this axis can sweep: use {NAME_RULE}")
     elif value == PINNED:
         if axis not in engine.pinnable:
             raise source.error(
@@ -348,6 +437,11 @@ def _check_arguments(source: TomlSource, file: SpecFile) -> None:
     places += [(("server", "env", k), v) for k, v in file.server.env.items()]
     for name, kind in file.gpu.items():
         places += [(("gpu", name, "args", i), a) for i, a in enumerate(kind.args)]
+        places += [
+            (("gpu", name, "args_by_release", r, "args", i), a)
+            for r, rows in enumerate(kind.args_by_release)
+            for i, a in enumerate(rows.args)
+        ]
         places += [(("gpu", name, "env", k), v) for k, v in kind.env.items()]
     for where, value in places:
         if SHELL_METACHARACTERS.search(value):
@@ -357,7 +451,7 @@ def _check_arguments(source: TomlSource, file: SpecFile) -> None:
 
 
 def _rule(source: TomlSource, where: KeyPath, raw: dict[str, str | list[str]], file: SpecFile, engine: Engine) -> Rule:
-    known = (*engine.axes, *file.packages, "gpu", "mode")
+    known = _known_axes(file, engine)
     if not raw:
         raise source.error(where, "rule is empty")
     conditions = []
@@ -371,7 +465,7 @@ def _rule(source: TomlSource, where: KeyPath, raw: dict[str, str | list[str]], f
                     SpecifierSet(item)
                 except InvalidSpecifier:
                     raise source.error((*where, key), f"{item!r} is not a valid version specifier") from None
-            elif key in ("gpu", "mode") or item in (PINNED, LOCKED):
+            elif key in ("gpu", "mode", RESOLUTION, *file.flag_axes) or item in (PINNED, LOCKED):
                 _check_axis_value(source, (*where, key), key, item, file, engine)
             else:
                 try:

@@ -18,7 +18,18 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-from servematrix.config.spec import LOCKED, PINNED, GpuKind, Rule, Spec, warn
+from servematrix.config.spec import (
+    LOCKED,
+    PINNED,
+    RECIPE_DEFAULT,
+    RESOLUTION,
+    TODAY,
+    GpuKind,
+    Rule,
+    Spec,
+    value_matches,
+    warn,
+)
 from servematrix.engines import Engine, ModeFlags
 from servematrix.errors import InputError, Location
 
@@ -68,6 +79,9 @@ class Cell:
     reason: str
     command: tuple[str, ...]
     server_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # flag -> value set by a flag axis that sweeps this cell's GPU kind: a value its release lacks makes the
+    # cell not applicable (said by the engine's flag check), not a failure of the stack.
+    swept_flags: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def env_id(self) -> str:
@@ -93,10 +107,85 @@ class Cell:
 
 
 def environment_points(spec: Spec) -> list[dict[str, str]]:
-    """Every point (version axes + gpu) of the full product, before rules apply."""
+    """Every point (version axes + gpu) of the full product, before rules apply. A flag axis sweeps only the
+    GPU kinds it names; on the others it takes the kind's recipe value, once."""
     names = spec.axis_names
     axes = spec.file.axes
-    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(axes[n] for n in names))]
+    flag_axes = spec.file.flag_axes
+    fixed = [n for n in names if n not in flag_axes]
+    points = []
+    for values in itertools.product(*(axes[n] for n in fixed)):
+        point = dict(zip(fixed, values, strict=True))
+        version = point[spec.engine.version_axis]
+        choices = [_flag_values(spec, name, point["gpu"], version) for name in flag_axes]
+        for swept in itertools.product(*choices):
+            full = {**point, **dict(zip(flag_axes, swept, strict=True))}
+            points.append({n: full[n] for n in names})
+    return points
+
+
+def _flag_values(spec: Spec, axis: str, gpu: str, version: str) -> list[str]:
+    declared = spec.file.flag_axes[axis]
+    if declared.gpu and gpu not in declared.gpu:
+        return [flag_value(recipe_args(spec.file.gpu[gpu], version), declared.flag) or RECIPE_DEFAULT]
+    return list(spec.file.axes[axis])
+
+
+def swept(spec: Spec, axis: str, gpu: str) -> bool:
+    """Whether a flag axis sweeps this GPU kind (else the kind keeps its recipe's value)."""
+    declared = spec.file.flag_axes[axis]
+    return not declared.gpu or gpu in declared.gpu
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value `args` give `flag` (`--flag value` or `--flag=value`; the last one wins, as argparse reads it)."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.partition("=")[2]
+    return found
+
+
+def with_flag(args: Sequence[str], flag: str, value: str) -> tuple[str, ...]:
+    """`args` with `flag` set to `value`: in place where it is given (each time), else appended."""
+    out = list(args)
+    placed = False
+    for index, arg in enumerate(out):
+        if arg == flag and index + 1 < len(out):
+            out[index + 1] = value
+            placed = True
+        elif arg.startswith(flag + "="):
+            out[index] = f"{flag}={value}"
+            placed = True
+    return tuple(out) if placed else (*out, flag, value)
+
+
+def recipe_value(kind: GpuKind, flag: str) -> str:
+    """What the kind's own `args` give a flag (its recipe, before any release's rows): the value a flag axis
+    leaves out of the environment's id."""
+    return flag_value(kind.args, flag) or RECIPE_DEFAULT
+
+
+def recipe_args(kind: GpuKind, version: str) -> tuple[str, ...]:
+    """The kind's server arguments for one engine release: its `args`, then each `args_by_release` row whose
+    range holds the release, a flag it gives set in place."""
+    args = tuple(kind.args)
+    for rows in kind.args_by_release:
+        if not value_matches(version, rows.versions):
+            continue
+        extra = list(rows.args)
+        while extra:
+            flag = extra.pop(0)
+            if flag.startswith("--") and "=" not in flag and extra and not extra[0].startswith("--"):
+                args = with_flag(args, flag, extra.pop(0))
+            elif flag.startswith("--") and "=" in flag:
+                name, _, value = flag.partition("=")
+                args = with_flag(args, name, value)
+            elif flag not in args:
+                args = (*args, flag)
+    return args
 
 
 def cell_bound(spec: Spec) -> tuple[int, int]:
@@ -142,7 +231,13 @@ def expand(spec: Spec, *, max_cells: int = DEFAULT_MAX_CELLS) -> list[Cell]:
     present = {tuple(values.items()) for values in kept}
     for rule in spec.include:
         given = dict(rule.conditions)
-        point = {axis: given[axis][0] for axis in names}
+        point = {axis: given[axis][0] for axis in names if axis in given}
+        if RESOLUTION in names:
+            point.setdefault(RESOLUTION, TODAY)
+        for axis in spec.file.flag_axes:
+            version = point[spec.engine.version_axis]
+            point.setdefault(axis, _flag_values(spec, axis, point["gpu"], version)[0])
+        point = {axis: point[axis] for axis in names}
         for mode in given.get("mode", modes):
             values = {**point, "mode": mode}
             if tuple(values.items()) not in present:
@@ -151,7 +246,7 @@ def expand(spec: Spec, *, max_cells: int = DEFAULT_MAX_CELLS) -> list[Cell]:
     environments: dict[tuple[str, ...], Environment] = {}
     # Flags and argv depend only on (mode, engine version, GPU kind): a matrix has few of those and
     # many cells, so each is computed once.
-    flags: dict[tuple[str, str, str], tuple[ModeFlags, tuple[str, ...]]] = {}
+    flags: dict[tuple[str, str], tuple[ModeFlags, tuple[str, ...]]] = {}
     cells = []
     for values in kept:
         key = tuple(values[n] for n in names)
@@ -159,7 +254,7 @@ def expand(spec: Spec, *, max_cells: int = DEFAULT_MAX_CELLS) -> list[Cell]:
         if env is None:
             env = environments[key] = _environment(spec, {n: values[n] for n in names})
         mode = values["mode"]
-        memo = (mode, env.version, env.axes["gpu"])
+        memo = (mode, env.env_id)
         cached = flags.get(memo)
         if cached is None:
             mode_flags = spec.engine.mode_flags_for(mode, env.version)
@@ -178,9 +273,18 @@ def _first_match(rules: Iterable[Rule], values: dict[str, str]) -> int | None:
 
 def _environment(spec: Spec, axes: dict[str, str]) -> Environment:
     gpu = spec.file.gpu[axes["gpu"]]
+    # Resolving as today and a flag at its recipe's value are what a matrix without those axes does: they leave
+    # the id as it was, so adding an axis never renames the cells that were already there.
+    same = {
+        name
+        for name, declared in spec.file.flag_axes.items()
+        if not swept(spec, name, axes["gpu"]) or axes[name] == recipe_value(gpu, declared.flag)
+    }
+    if axes.get(RESOLUTION) == TODAY:
+        same.add(RESOLUTION)
     identity = {
         "engine": spec.engine.name,
-        "axes": axes,
+        "axes": {k: v for k, v in axes.items() if k not in same},
         "gpu": {"arch": gpu.arch, "count": gpu.count, "platform": gpu.platform},
         "python": spec.file.python,
     }
@@ -212,7 +316,12 @@ def server_command(
     }
     launch = tuple(part.format_map(values) for part in engine.launch_argv(env.version))
     parallel = engine.tensor_parallel_args(env.version, gpus=env.ranks, port=int(values["port"]))
-    args = (*spec.file.server.args, *env.gpu.args, *parallel, *mode_args)
+    kind_args = recipe_args(env.gpu, env.version)
+    for name, declared in spec.file.flag_axes.items():
+        value = env.axes.get(name)
+        if value is not None and value != RECIPE_DEFAULT and swept(spec, name, env.axes["gpu"]):
+            kind_args = with_flag(kind_args, declared.flag, value)
+    args = (*spec.file.server.args, *kind_args, *parallel, *mode_args)
     return launch + engine.rename_flags(args, env.version)
 
 
@@ -233,6 +342,13 @@ def _cell(spec: Spec, env: Environment, mode: str, flags: ModeFlags, command: tu
         reason=flags.reason,
         command=command,
         server_env=MappingProxyType(server_env),
+        swept_flags=MappingProxyType(
+            {
+                declared.flag: env.axes[name]
+                for name, declared in spec.file.flag_axes.items()
+                if swept(spec, name, env.axes["gpu"])
+            }
+        ),
     )
 
 

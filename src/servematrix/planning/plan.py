@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from servematrix.config.spec import PINNED, Spec, load_spec
+from servematrix.config.spec import PINNED, RESOLUTION, TODAY, Spec, load_spec
 from servematrix.engines.plugins import hooks_of
 from servematrix.planning.cells import DEFAULT_MAX_CELLS, Cell, expand
 from servematrix.planning.selection import parse_select, parse_shard, select_keys, shard
@@ -134,7 +134,12 @@ def print_table(plan: Plan, console: Console | None = None, *, commands: bool = 
     `commands` it is printed below the table, one cell per paragraph; `--format json` has it too."""
     console = console or Console()
     spec = plan.spec
-    headers = ("id", *spec.axis_names, "mode", "runs")
+    # Resolution and flag axes would not fit 80 columns as columns of their own: one `var` (variant) column of
+    # letters, each letter a value explained below the table.
+    variant_axes = tuple(a for a in spec.axis_names if a == RESOLUTION or a in spec.file.flag_axes)
+    shown_axes = tuple(a for a in spec.axis_names if a not in variant_axes)
+    variants: dict[str, str] = {}
+    headers = ("id", *shown_axes, *(("var",) if variant_axes else ()), "mode", "runs")
     # The title goes above the table: a table's title wraps at the table's width, often narrower.
     console.print(Text(f"{spec.path}: {len(plan.cells)} cells, {len(plan.environments)} environments"))
     table = narrow_table(
@@ -143,15 +148,21 @@ def print_table(plan: Plan, console: Console | None = None, *, commands: bool = 
     reasons: dict[str, int] = {}
     pinned = False
     for cell in plan.cells:
-        axes = [_shown(cell, axis, spec) for axis in spec.axis_names]
+        axes = [_shown(cell, axis, spec) for axis in shown_axes]
         pinned = pinned or any(value.endswith(PIN_MARK) for value in axes)
         runs = "yes" if cell.applicable else f"no [{reasons.setdefault(cell.reason, len(reasons) + 1)}]"
+        if variant_axes:
+            tags = [f"{flag} {value}" for flag, value in cell.swept_flags.items()]
+            if cell.env.axes.get(RESOLUTION, TODAY) != TODAY:
+                tags.append(f"resolved {cell.env.axes[RESOLUTION]}")
+            axes.append(",".join(variants.setdefault(tag, chr(ord("a") + len(variants))) for tag in tags) or "-")
         table.add_row(
             *(Text(value) for value in (cell.id, *axes, cell.mode, runs)),
             style=None if cell.applicable else "yellow",
         )
     console.print(table)
     notes = [f"{PIN_MARK} pinned by the {spec.engine.version_axis} release (axis value `pinned`)"] if pinned else []
+    notes += [f"var {letter}: {tag}" for tag, letter in variants.items()]
     notes += [f"[{number}] not applicable: {reason}" for reason, number in reasons.items()]
     if commands:
         notes += [f"\n{cell.id}: {shlex.join(cell.command)}" for cell in plan.cells if cell.applicable]

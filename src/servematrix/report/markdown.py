@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 from servematrix.engines import load_engine
 from servematrix.formats.verdict import RETRY_KINDS
 from servematrix.report.escape import code, is_slug, text
-from servematrix.report.rows import comparison, prefill_input_len, speedup_text, tok_s, ttft_ms, version_key
+from servematrix.report.rows import (
+    comparison,
+    deciding_evidence,
+    prefill_input_len,
+    speedup_text,
+    tok_s,
+    ttft_ms,
+    version_key,
+)
 from servematrix.stages import bench
 from servematrix.store.redact import secret_variable
 from servematrix.store.store import Row
@@ -269,24 +277,6 @@ def failure_class(verdict: str) -> str | None:
     names none: it is shown as text, linked nowhere."""
     kind, _, detail = verdict.partition(":")
     return detail if kind in ("fail", "predicted-fail") and detail and is_slug(detail) else None
-
-
-# Evidence lines that say where a result came from rather than what decided it.
-PROVENANCE_NOTES = (
-    "existing environment ",
-    "differs from the lock: ",
-    "import check",
-    "start ",
-    "2 interleaved",
-    "1 interleaved",
-)
-
-
-def deciding_evidence(row: Row) -> str:
-    """What decided the verdict (a signature's label, a mode's proof), for a table cell: provenance notes (the
-    installed set, the lock's differences, the number of starts) stay in the cell's details."""
-    evidence = [str(e) for e in row.get("evidence") or [] if not str(e).startswith(PROVENANCE_NOTES)]
-    return ", ".join(e if len(e) <= 90 else e[:89] + "…" for e in evidence[:2])
 
 
 def _verdict(row: Row | None, pages: Mapping[str, str] | Collection[str] = (), *, flagged: bool = False) -> str:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from servematrix.engines import load_engine
-from servematrix.report.rows import comparison, speedup_text, tok_s, ttft_ms, version_key
+from servematrix.report.rows import comparison, deciding_evidence, speedup_text, tok_s, ttft_ms, version_key
 from servematrix.store.store import Row
 
 # Verdicts that rule a cell out, and those that say nothing yet (a GPU is needed to decide).
@@ -146,9 +146,7 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
                     matrix=row["matrix"],
                     axes=dict(row["axes"]),
                     mode=row["mode"],
-                    source="observed: served and benchmarked"
-                    if _status(row) == "pass"
-                    else "predicted: passed the CPU pre-flights",
+                    source="observed: served and benchmarked" if _status(row) == "pass" else _predicted(row),
                     tok_s=measured[top] if top is not None else None,
                     concurrency=top,
                     ttft_ms=ttft[low] if low is not None else None,
@@ -178,6 +176,13 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
             )
         out.append(Recommendation(gpu=gpu, stacks=tuple(stacks), failing=tuple(failing)))
     return out
+
+
+def _predicted(row: Row) -> str:
+    """A cell no CPU pre-flight ruled out, with how far they reached (the load pre-flight's last step), so a
+    prediction never reads as more than it is."""
+    reach = deciding_evidence(row)
+    return f"predicted: passed the CPU pre-flights ({reach})" if reach else "predicted: passed the CPU pre-flights"
 
 
 def _versus_baseline(row: Row, env: Mapping[str, Row]) -> str | None:

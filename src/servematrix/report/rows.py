@@ -73,3 +73,21 @@ def speedup_text(found: Speedup, *, bold: bool = True) -> str:
     verdict (`stages/bench/compare.py`)."""
     ratio = f"{found.ratio:.2f}×"
     return f"{'**' + ratio + '**' if bold else ratio} {found.heading} ({found.range_text})"
+
+
+# Evidence lines that say where a result came from rather than what decided it.
+PROVENANCE_NOTES = (
+    "existing environment ",
+    "differs from the lock: ",
+    "import check",
+    "start ",
+    "2 interleaved",
+    "1 interleaved",
+)
+
+
+def deciding_evidence(row: Row) -> str:
+    """What decided the verdict (a signature's label, a mode's proof), for a table cell: provenance notes (the
+    installed set, the lock's differences, the number of starts) stay in the cell's details."""
+    evidence = [str(e) for e in row.get("evidence") or [] if not str(e).startswith(PROVENANCE_NOTES)]
+    return ", ".join(e if len(e) <= 90 else e[:89] + "…" for e in evidence[:2])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from servematrix.config.spec import RESOLUTION, TODAY, Spec
 from servematrix.planning import cells
 from servematrix.planning.plan import Plan
 from servematrix.stages.resolve import ResolveOutcome, ResolveRequest, resolve_many
@@ -25,8 +27,14 @@ def resolve_request(plan: Plan, env_id: str) -> ResolveRequest:
         platform=env.gpu.platform,
         index_url=cuda.index_url if cuda else None,
         extra_index_urls=tuple(cuda.extra_index_urls) if cuda else (),
-        axes=dict(env.axes),
+        axes=resolution_axes(spec, env.axes),
     )
+
+
+def resolution_axes(spec: Spec, axes: Mapping[str, str]) -> dict[str, str]:
+    """The axes that decide what is installed: not a flag axis (a server argument), nor `resolution = today`
+    (what a lock without the axis is), so that adding either axis leaves every existing lock as it was."""
+    return {k: v for k, v in axes.items() if k not in spec.file.flag_axes and not (k == RESOLUTION and v == TODAY)}
 
 
 def default_lock_dir(plan: Plan) -> Path:

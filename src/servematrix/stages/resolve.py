@@ -31,6 +31,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from servematrix.config.spec import AS_RELEASED, RESOLUTION
 from servematrix.formats.lockfile import (
     DEFAULT_PLATFORM,
     DEFAULT_PYTHON_VERSION,
@@ -43,6 +44,7 @@ from servematrix.formats.lockfile import (
     read_lock_header,
     render_header,
 )
+from servematrix.formats.releasedate import ReleaseDateError, release_date
 from servematrix.formats.remotewheel import RemoteWheelError, wheel_metadata
 from servematrix.formats.verdict import harness_faults
 from servematrix.util import Captured, atomic_write, run_captured, uv_env
@@ -203,7 +205,26 @@ def inputs_hash(req: ResolveRequest) -> str:
 # ----------------------------------------------------------------------------------------------- header
 
 
-def _compile_args(req: ResolveRequest) -> list[str]:
+def as_released(req: ResolveRequest) -> bool:
+    """Whether `req` resolves as the index was when its engine release was published (`resolution`)."""
+    return req.axes.get(RESOLUTION) == AS_RELEASED
+
+
+def _exclude_newer(req: ResolveRequest) -> str | None:
+    """uv's --exclude-newer for a request resolved as released: its main package's publication on the index."""
+    if not as_released(req):
+        return None
+    main = req.main_package
+    version = _exact_version(main) if main is not None else None
+    if main is None or version is None:
+        raise ReleasePinsError("error", "resolution as-released needs an exactly pinned engine release")
+    try:
+        return release_date(main.name, version, req.index_url)
+    except ReleaseDateError as exc:
+        raise ReleasePinsError("error", str(exc)) from None
+
+
+def _compile_args(req: ResolveRequest, exclude_newer: str | None = None) -> list[str]:
     """The `uv pip compile` arguments shared by the real call and the header's reproduce line."""
     args = [_REQUIREMENTS_NAME]
     if req.overrides:
@@ -216,13 +237,21 @@ def _compile_args(req: ResolveRequest) -> list[str]:
         "--generate-hashes",
         "--no-header",
     ]
+    if exclude_newer:
+        args += ["--exclude-newer", exclude_newer]
     return args + index_args(req.index_url, req.extra_index_urls)
 
 
-def lock_header(req: ResolveRequest, *, crossed: Mapping[str, Mapping[str, str]], resolver: str) -> LockHeader:
+def lock_header(
+    req: ResolveRequest,
+    *,
+    crossed: Mapping[str, Mapping[str, str]],
+    resolver: str,
+    exclude_newer: str | None = None,
+) -> LockHeader:
     """The header of `req`'s lock: its canonical inputs (credentials redacted) and how to reproduce it."""
     canon = _canonical_inputs(req)
-    command = [_redact_url(a) if "://" in a else a for a in _compile_args(req)]
+    command = [_redact_url(a) if "://" in a else a for a in _compile_args(req, exclude_newer)]
     return LockHeader(
         format=LOCK_FORMAT,
         inputs_hash=inputs_hash(req),
@@ -338,7 +367,7 @@ def _uv_version(uv: str) -> str:
     return " ".join(words[:2]) if run.returncode == 0 and words else "uv (unknown version)"
 
 
-def _compile(req: ResolveRequest, *, uv: str, timeout_s: float) -> Captured:
+def _compile(req: ResolveRequest, *, uv: str, timeout_s: float, exclude_newer: str | None = None) -> Captured:
     # Always online: an offline resolution from a partial cache succeeds with other versions than the
     # index's answer (it skips the versions whose metadata is not cached). Pages read moments ago are
     # reused online too, by the cache policy.
@@ -347,7 +376,7 @@ def _compile(req: ResolveRequest, *, uv: str, timeout_s: float) -> Captured:
         (work / _REQUIREMENTS_NAME).write_text("\n".join(req.requirements) + "\n", encoding="utf-8")
         if req.overrides:
             (work / _OVERRIDES_NAME).write_text("\n".join(req.overrides) + "\n", encoding="utf-8")
-        argv = [uv, "pip", "compile", *_compile_args(req), *_interpreter_args(), "--color", "never"]
+        argv = [uv, "pip", "compile", *_compile_args(req, exclude_newer), *_interpreter_args(), "--color", "never"]
         return _run_uv(argv, cwd=work, timeout_s=timeout_s)
 
 
@@ -559,10 +588,14 @@ def resolve(
     cached = resolve_cached(req, out_dir=out_dir)
     if cached is not None:
         return cached
+    try:
+        exclude_newer = _exclude_newer(req)
+    except ReleasePinsError as exc:
+        return outcome(exc.status, exc.reason)
 
     # The release's own pins and the resolution do not depend on each other: both wait on the index at once.
     with ThreadPoolExecutor(max_workers=1) as side:
-        compiling = side.submit(_compile, req, uv=uv, timeout_s=timeout_s)
+        compiling = side.submit(_compile, req, uv=uv, timeout_s=timeout_s, exclude_newer=exclude_newer)
         try:
             crossed = _crossings(req, uv=uv, cache_dir=pins_cache_dir or default_pins_cache_dir(), timeout_s=timeout_s)
         except ReleasePinsError as exc:
@@ -574,7 +607,8 @@ def resolve(
         return outcome(status, reason, crossed=crossed)
 
     body = run.stdout if run.stdout.endswith("\n") else run.stdout + "\n"
-    text = render_header(lock_header(req, crossed=crossed, resolver=_uv_version(uv))) + body
+    header = lock_header(req, crossed=crossed, resolver=_uv_version(uv), exclude_newer=exclude_newer)
+    text = render_header(header) + body
     atomic_write(lockfile, text, durable=True)
     return outcome("resolved", pins=parse_pins(body), lockfile=lockfile, crossed=crossed)
 
@@ -586,6 +620,7 @@ def _resolution_key(req: ResolveRequest) -> str:
     """What uv's answer depends on: the inputs without the axes (which only name the environment). Two GPU
     kinds of one platform ask the same question."""
     canon = {k: v for k, v in _canonical_inputs(req).items() if k != "axes"}
+    canon["as_released"] = as_released(req)  # the same question asked of another day's index
     return json.dumps(canon, sort_keys=True, separators=(",", ":"))
 
 
@@ -604,7 +639,12 @@ def _same_answer(req: ResolveRequest, answer: ResolveOutcome, *, out_dir: Path, 
     if answer.status != "resolved" or answer.lockfile is None:
         return replace(answer, env_id=req.env_id, axes=req.axes, inputs_hash=digest, lockfile=None, cached=False)
     body = _lock_body(answer.lockfile.read_text(encoding="utf-8"))
-    text = render_header(lock_header(req, crossed=answer.crossed, resolver=_uv_version(uv))) + body
+    try:
+        exclude_newer = _exclude_newer(req)
+    except ReleasePinsError as exc:
+        return replace(answer, env_id=req.env_id, status=exc.status, reason=exc.reason, lockfile=None, pins={})
+    header = lock_header(req, crossed=answer.crossed, resolver=_uv_version(uv), exclude_newer=exclude_newer)
+    text = render_header(header) + body
     atomic_write(lockfile, text, durable=True)
     return replace(answer, env_id=req.env_id, axes=req.axes, inputs_hash=digest, lockfile=lockfile, cached=False)
 

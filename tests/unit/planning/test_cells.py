@@ -18,7 +18,7 @@ from tests.conftest import MATRIX, REPO, SMALL_SGLANG
 GLM5 = MATRIX / "glm5-nvfp4.toml"
 
 
-def _cell(cells, sglang, mode, flashinfer="pinned", gpu="b200"):
+def _cell(cells, sglang, mode, flashinfer="pinned", gpu="b200", moe_runner="cutlass", resolution="today"):
     (found,) = [
         c
         for c in cells
@@ -26,6 +26,8 @@ def _cell(cells, sglang, mode, flashinfer="pinned", gpu="b200"):
         and c.mode == mode
         and c.env.axes["flashinfer"] == flashinfer
         and c.env.axes["gpu"] == gpu
+        and c.env.axes.get("resolution", "today") == resolution
+        and (gpu != "rtx-pro-6000" or c.env.axes["moe_runner"] == moe_runner)
     ]
     return found
 

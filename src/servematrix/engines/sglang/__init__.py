@@ -39,7 +39,13 @@ def flags(inp: PreflightInput) -> Verdict | None:
         )
     except flagsurface.FlagSurfaceError as exc:
         raise PreflightUnavailable(str(exc)) from None
-    return None if check.ok else verdict.failed("unknown-flag", excerpt=check.evidence)
+    if check.ok:
+        return None
+    swept = inp.cell.swept_flags
+    if not check.unknown and all(swept.get(flag) == value for flag, value in check.invalid):
+        # The matrix swept a flag's values, and this release lacks this one: not applicable, not a failure.
+        return Verdict(kind="skipped", detail="not-applicable", excerpt=check.evidence, evidence=(check.evidence,))
+    return verdict.failed("unknown-flag", excerpt=check.evidence)
 
 
 def _trace_pair(inp: PreflightInput) -> tuple[str, str, str] | None:

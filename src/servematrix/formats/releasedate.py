@@ -1,0 +1,69 @@
+"""When a release was published: the newest upload time of its files on the index (PEP 691 JSON with PEP 700's
+`upload-time`), the moment a lock "as released" is resolved at (uv's `--exclude-newer`).
+
+Read from the index the lock is made from, so a mirror answers it too; trust_env gives the same CA bundle, proxy
+and .netrc settings that uv and pip read. An index without upload times (a plain PEP 503 page) cannot say:
+`ReleaseDateError`, never a guess.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import httpx
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from servematrix.formats.lockfile import PYPI_INDEX_URL
+
+ACCEPT = "application/vnd.pypi.simple.v1+json"
+
+
+class ReleaseDateError(RuntimeError):
+    """The index did not say when the release was published."""
+
+
+def _version_of(name: str, filename: str) -> Version | None:
+    try:
+        if filename.endswith(".whl"):
+            return parse_wheel_filename(filename)[1]
+        if filename.endswith((".tar.gz", ".zip")):
+            project, version = parse_sdist_filename(filename)
+            return version if canonicalize_name(project) == name else None
+    except (ValueError, InvalidVersion):
+        return None
+    return None
+
+
+def upload_time(files: list[dict], name: str, version: str) -> str:
+    """The newest `upload-time` of `version`'s files in a PEP 691 file list, as uv's --exclude-newer takes it
+    (RFC 3339, UTC). Raises ReleaseDateError when the release has no file or no file says when."""
+    wanted = Version(version)
+    times = [
+        datetime.fromisoformat(str(f["upload-time"]).replace("Z", "+00:00"))
+        for f in files
+        if isinstance(f, dict) and f.get("upload-time") and _version_of(name, str(f.get("filename", ""))) == wanted
+    ]
+    if not times:
+        raise ReleaseDateError(f"the index gives no upload time for {name} {version}")
+    # One second past the last file: uv excludes what is newer than the moment, and the release must be in.
+    newest = max(times).timestamp() + 1
+    return datetime.fromtimestamp(int(newest), tz=times[0].tzinfo).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def release_date(package: str, version: str, index_url: str | None = None, *, timeout_s: float = 60) -> str:
+    """When `package` `version` was published on the index (the default one when None)."""
+    name = canonicalize_name(package)
+    url = f"{(index_url or PYPI_INDEX_URL).rstrip('/')}/{name}/"
+    try:
+        with httpx.Client(timeout=timeout_s, follow_redirects=True, trust_env=True) as client:
+            response = client.get(url, headers={"Accept": ACCEPT})
+        response.raise_for_status()
+        if "json" not in response.headers.get("content-type", ""):
+            raise ReleaseDateError(f"the index answers {name} without upload times (no PEP 691 JSON)")
+        files = response.json()["files"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise ReleaseDateError(
+            f"cannot read when {name} {version} was published: {type(exc).__name__}: {exc}"
+        ) from None
+    return upload_time(files, name, version)
