@@ -6,7 +6,10 @@ One module per job:
 - `prefilter.py`: which patterns a line can match, by substring tests of those literals;
 - `lines.py`: a log's lines, split in bounded chunks, with terminal control sequences removed;
 - `scanner.py`: the scan itself, of a whole log or of one being written (early abort), ranked by priority;
-- `tracebacks.py`: the packages a Python traceback's frames ran in, for import-time conflicts.
+- `tracebacks.py`: the packages a Python traceback's frames ran in, for import-time conflicts;
+- `frames.py`: traceback frames as evidence: a log's frames matched, in bounded memory, against the frame
+  sequences of the signature data (`[[signature.traceback]]`, evidence `frames`);
+- `fixes.py`: package pins the signature data says fix a failing cell (`[[signature.fix]]`), for the failure pages.
 
 This module re-exports what the rest of servematrix uses, so `from servematrix.classify import ...` works.
 """

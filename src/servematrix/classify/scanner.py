@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from servematrix.classify.frames import Frame, FrameHit, FrameTracker, shown
 from servematrix.classify.lines import LINE_SCAN_MAX, LineSplitter, printable
 from servematrix.classify.prefilter import Probe
 from servematrix.classify.signatures import IMPORT_CONFLICT, PLACEHOLDER, Signature, Signatures, load_signatures
@@ -45,6 +46,8 @@ class Match:
     fatal: bool
     explanation: str
     workaround: str
+    # The traceback frames that decided the class (outermost first), when a [[signature.traceback]] did.
+    frames: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -60,13 +63,17 @@ NO_MATCH: dict[str, Any] = {"class": None, "title": None, "line": None, "excerpt
 class _Candidate:
     """The first line of one class, with the context collected so far."""
 
-    __slots__ = ("after_missing", "context", "line", "signature")
+    __slots__ = ("after_missing", "context", "frames", "line", "rule", "signature")
 
-    def __init__(self, signature: Signature, line: int, before: list[str], text: str) -> None:
+    def __init__(
+        self, signature: Signature, line: int, before: list[str], text: str, hit: FrameHit | None = None
+    ) -> None:
         self.signature = signature
         self.line = line
         self.context = [*before, text]
         self.after_missing = EXCERPT_AFTER
+        self.rule = hit.rule.label if hit is not None else None
+        self.frames: tuple[Frame, ...] = hit.frames if hit is not None else ()
 
 
 class LogScanner:
@@ -93,6 +100,7 @@ class LogScanner:
         self._fatal_reported = False
         self._ranked = sorted(self.signatures, key=lambda s: -s.priority)
         self._tracebacks = TracebackReader()  # an import-time failure between two packages names both
+        self._frames = FrameTracker(self.signatures.frame_rules)  # classes and evidence decided by frames
         self._truncated: list[int] = []  # the first few line numbers cut to LINE_SCAN_MAX
         self._truncated_count = 0
 
@@ -175,6 +183,9 @@ class LogScanner:
         if self._collecting:
             self._collect_after(text)
         fatal: _Candidate | None = None
+        frame_hits = self._frames.feed(number, text)
+        if frame_hits:
+            fatal = self._record_frames(number, text, frame_hits)
         hits = self.signatures.prefilter.hits(text)
         if hits:
             matched = set()
@@ -185,7 +196,9 @@ class LogScanner:
                     self._evidence_seen.add((probe.signature, probe.evidence))
                     self._fill_evidence(probe, text)
             if matched:
-                fatal = self._record_classes(number, text, matched)
+                by_line = self._record_classes(number, text, matched)
+                if by_line is not None and (fatal is None or fatal.signature.priority < by_line.signature.priority):
+                    fatal = by_line
         self._before.append(text)
         if fatal is None:
             return None
@@ -213,6 +226,24 @@ class LogScanner:
                 fatal = candidate
         return fatal
 
+    def _record_frames(self, number: int, text: str, hits: list[FrameHit]) -> _Candidate | None:
+        """Classes a traceback's frames decided, and evidence they showed."""
+        fatal = None
+        for hit in hits:
+            if hit.evidence is not None:
+                self._evidence_seen.add((hit.signature, hit.evidence))
+                continue
+            signature = self.signatures.get(hit.signature)
+            if signature is None or signature.id in self._candidates:
+                continue
+            candidate = _Candidate(signature, number, list(self._before), text, hit)
+            self._candidates[signature.id] = candidate
+            self._collecting.append(candidate)
+            outranks = fatal is None or fatal.signature.priority < signature.priority
+            if signature.fatal and not self._fatal_reported and outranks:
+                fatal = candidate
+        return fatal
+
     def _collect_after(self, text: str) -> None:
         still = []
         for candidate in self._collecting:
@@ -225,13 +256,26 @@ class LogScanner:
     def _match(self, candidate: _Candidate) -> Match:
         signature = candidate.signature
         # Redact before clipping, so a secret cut in half by the clip is still recognised.
-        redacted = redact("\n".join(candidate.context), self._env)
+        context = candidate.context
+        if candidate.frames:
+            # The frames that decided come first, so the excerpt shows them however far apart they were.
+            context = [
+                f"frames that decided ({candidate.rule}):",
+                *(f"  {f.shown}" for f in candidate.frames),
+                *context,
+            ]
+        redacted = redact("\n".join(context), self._env)
         excerpt = "\n".join(_clip(line) for line in redacted.split("\n"))
-        evidence = [
-            self._evidence_text.get((signature.id, evidence.label), evidence.label)
-            for evidence in signature.evidence
-            if (signature.id, evidence.label) in self._evidence_seen
-        ]
+        evidence = []
+        groups: set[str] = set()
+        for entry in signature.evidence:
+            if (signature.id, entry.label) not in self._evidence_seen or entry.group in groups:
+                continue
+            if entry.group is not None:
+                groups.add(entry.group)
+            evidence.append(self._evidence_text.get((signature.id, entry.label), entry.label))
+        if candidate.frames:
+            evidence.append(f"frames: {shown(candidate.frames)}")
         if self.truncation_note:
             evidence.append(self.truncation_note)
         return Match(
@@ -243,6 +287,7 @@ class LogScanner:
             fatal=signature.fatal,
             explanation=signature.explanation,
             workaround=signature.workaround,
+            frames=tuple(frame.shown for frame in candidate.frames),
         )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, ValidationInfo, field_validator, model_validator
 
 from servematrix.classify.prefilter import Prefilter
 from servematrix.errors import InputError, Location
@@ -72,16 +72,50 @@ Regex = Annotated[re.Pattern[str], BeforeValidator(_regex)]
 PLACEHOLDER = re.compile(r"\{(\w+)(?:([+-])(\d+))?\}")
 
 
+class FrameRule(DataTable):
+    """Traceback frames as evidence (`classify/frames.py`): regexes searched in `path:function` of each frame,
+    in call order with gaps allowed, and optionally the exception line that ends that traceback."""
+
+    label: Text
+    frames: tuple[Regex, ...]
+    raises: Regex | None = None
+
+    @field_validator("frames")
+    @classmethod
+    def _frames_not_empty(cls, frames: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:
+        if not frames:
+            raise ValueError("needs at least one frame pattern")
+        return frames
+
+
 class Evidence(DataTable):
     label: Text
-    patterns: tuple[Regex, ...]
+    # Frame sequences that show this evidence as well as (or instead of) lines.
+    frames: tuple[tuple[Regex, ...], ...] = ()
+    patterns: tuple[Regex, ...] = Field(default=(), validate_default=True)
+    # Of the evidence entries of one signature that share a group, only the first found (in data order) is
+    # shown: a kernel fault's phase is capture, or replay, or a forward.
+    group: Name | None = None
+
+    @field_validator("frames")
+    @classmethod
+    def _sequences_not_empty(cls, frames: tuple[tuple[re.Pattern[str], ...], ...]) -> tuple:
+        if any(not sequence for sequence in frames):
+            raise ValueError("a frame sequence needs at least one frame pattern")
+        return frames
 
     @field_validator("patterns")
     @classmethod
-    def _not_empty(cls, patterns: tuple[re.Pattern[str], ...]) -> tuple[re.Pattern[str], ...]:
-        if not patterns:
-            raise ValueError("needs at least one pattern")
+    def _not_empty(cls, patterns: tuple[re.Pattern[str], ...], info: ValidationInfo) -> tuple[re.Pattern[str], ...]:
+        if not patterns and not info.data.get("frames"):
+            raise ValueError("needs at least one pattern (or frames)")
         return patterns
+
+    @property
+    def frame_rules(self) -> tuple[FrameRule, ...]:
+        return tuple(
+            FrameRule.model_construct(label=self.label, frames=sequence, raises=None) for sequence in self.frames
+        )
 
     @model_validator(mode="after")
     def _placeholders_are_groups(self) -> Evidence:
@@ -104,6 +138,17 @@ class Evidence(DataTable):
         return PLACEHOLDER.sub(fill, self.label)
 
 
+class PackageFix(DataTable):
+    """A package pin that fixes a failing cell: when the cell's evidence or excerpt matches `when` and its
+    axes match `axes` (axis -> version specifier), pin `package` to `version`."""
+
+    package: Name
+    version: Text
+    when: Regex
+    axes: dict[str, Text] = Field(default_factory=dict)
+    why: Text
+
+
 class Signature(DataTable):
     id: Name
     title: Text
@@ -111,8 +156,14 @@ class Signature(DataTable):
     workaround: Text
     fatal: StrictBool
     priority: StrictInt
-    patterns: tuple[Regex, ...]
+    patterns: tuple[Regex, ...] = ()
     evidence: tuple[Evidence, ...] = ()
+    # Tracebacks that decide the class by their frames, as its `patterns` do by a line.
+    traceback: tuple[FrameRule, ...] = ()
+    # Public reports of the failure (issue threads): where it was seen, never pasted.
+    sources: tuple[Text, ...] = ()
+    # Package pins a matrix can express that fix a cell failing with this class (the failure page says so).
+    fix: tuple[PackageFix, ...] = ()
     # Assigned by the harness from outside the log (server-timeout); such a signature has no patterns.
     harness_assigned: StrictBool = False
 
@@ -129,6 +180,8 @@ class Signatures:
     source: str
     signatures: tuple[Signature, ...]
     prefilter: Prefilter = field(repr=False, compare=False)
+    # (signature id, evidence label or None for a class-deciding rule, rule), for classify.frames.FrameTracker
+    frame_rules: tuple[tuple[str, str | None, FrameRule], ...] = field(default=(), repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Signature]:
         return iter(self.signatures)
@@ -201,11 +254,26 @@ def _signatures(source: TomlSource, *, engine: str | None, default_engine: str) 
         at = ("signature", index)
         if signature.harness_assigned and signature.patterns:
             raise source.error((*at, "patterns"), "a harness-assigned signature matches no log line: leave it empty")
-        if not signature.harness_assigned and not signature.patterns:
-            raise source.error((*at, "patterns"), "needs at least one pattern")
+        if signature.harness_assigned and signature.traceback:
+            raise source.error((*at, "traceback"), "a harness-assigned signature matches no traceback: leave it out")
+        if not signature.harness_assigned and not signature.patterns and not signature.traceback:
+            raise source.error((*at, "patterns"), "needs at least one pattern (or a [[signature.traceback]])")
         if signature.id in seen:
             raise source.error((*at, "id"), f"duplicate signature id {signature.id!r}")
         seen.add(signature.id)
     return Signatures(
-        engine=file_engine, source=str(source.path), signatures=data.signature, prefilter=Prefilter(data.signature)
+        engine=file_engine,
+        source=str(source.path),
+        signatures=data.signature,
+        prefilter=Prefilter(data.signature),
+        frame_rules=frame_rules(data.signature),
     )
+
+
+def frame_rules(signatures: tuple[Signature, ...]) -> tuple[tuple[str, str | None, FrameRule], ...]:
+    rules: list[tuple[str, str | None, FrameRule]] = []
+    for signature in signatures:
+        rules += [(signature.id, None, rule) for rule in signature.traceback]
+        for evidence in signature.evidence:
+            rules += [(signature.id, evidence.label, rule) for rule in evidence.frame_rules]
+    return tuple(rules)

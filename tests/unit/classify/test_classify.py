@@ -23,6 +23,11 @@ from servematrix.errors import InputError
 SRC = Path(__file__).resolve().parents[3] / "src" / "servematrix"
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 
+FP4_FRAMES = (
+    "frames: quantization/fp4_quantization.py:725 fp4_quantize → polyfills/__init__.py:392 getattr_and_trace"
+    " → python3.12/subprocess.py:548 run"
+)
+
 # (fixture, class, deciding line, evidence labels). Lines were read off the fixtures by hand.
 SGLANG_CASES = [
     ("h200-sglang-0.5.12-ipython-missing.log", "missing-module", 14, ()),
@@ -52,6 +57,29 @@ SGLANG_CASES = [
     ("graph-capture-failed.log", "graph-capture-failed", 21, ()),
     ("address-in-use.log", "address-in-use", 9, ()),
     ("python-exception.log", "python-exception", 7, ()),
+    # Issue 34: written from the real wheels' frames (sglang 0.5.8/0.5.11/0.5.12/0.5.14, flashinfer 0.6.8.post1,
+    # torch 2.11.0, transformers 4.57.1) in 0.5.12's real log format. The kernel faults' deciding line is the
+    # exception line; their phase comes from the frames.
+    ("kernel-fault-capture-sglang-0.5.12.log", "kernel-fault", 41, ("phase: capture",)),
+    ("kernel-fault-replay-sglang-0.5.12.log", "kernel-fault", 36, ("phase: replay",)),
+    ("kernel-fault-forward-sglang-0.5.12.log", "kernel-fault", 35, ("phase: forward",)),
+    # A plain TypeError: the frames decide, at the exception line that ends their traceback.
+    (
+        "graph-capture-failed-typeerror-sglang-0.5.12.log",
+        "graph-capture-failed",
+        41,
+        ("frames: model_executor/cuda_graph_runner.py:1187 capture_one_batch_size",),
+    ),
+    (
+        "graph-capture-failed-compile-pass-sglang-0.5.14.log",
+        "graph-capture-failed",
+        39,
+        ("frames: runner_backend/tc_piecewise_cuda_graph_backend.py:192 _run_compile_pass",),
+    ),
+    # No torch._dynamo.exc line: the frames decide, at the subprocess frame that completes them.
+    ("dynamo-untraceable-frames-only-sglang-0.5.11.log", "dynamo-untraceable", 37, ("flashinfer fp4 JIT", FP4_FRAMES)),
+    ("dynamo-untraceable-truncated-sglang-0.5.11.log", "dynamo-untraceable", 37, ("flashinfer fp4 JIT", FP4_FRAMES)),
+    ("model-unsupported-sglang-0.5.8.log", "model-unsupported", 27, ("model type glm_moe_dsa",)),
 ]
 
 TRANSFORMERS_CASES = [
@@ -155,9 +183,13 @@ def test_cause_wins_whichever_order_it_is_printed_in(cause_first):
 
 def test_wrapper_line_names_dynamo_only_when_the_error_is_dynamos():
     dynamo = "[t TP0] Piecewise CUDA Graph failed with error: Attempted to call function marked as skipped"
-    other = "[t TP0] Piecewise CUDA Graph failed with error: CUDA error: an illegal memory access was encountered"
+    other = "[t TP0] Piecewise CUDA Graph failed with error: PCG capture stream is not set"
+    fault = "[t TP0] Piecewise CUDA Graph failed with error: CUDA error: an illegal memory access was encountered"
     assert classify_text(dynamo, "sglang").cls == "dynamo-untraceable"
     assert classify_text(other, "sglang").cls == "graph-capture-failed"
+    # A kernel fault is more specific than the capture that saw it (issue 34).
+    found = classify_text(fault, "sglang")
+    assert (found.cls, found.evidence) == ("kernel-fault", ("phase: capture",))
 
 
 def test_equal_priorities_pick_the_earliest_line():
@@ -633,3 +665,86 @@ def test_every_classify_module_is_in_the_digests_of_cached_checks():
     assert {"scanner.py", "signatures.py", "prefilter.py"} <= {p.name for p in modules}
     assert modules <= set(importcheck.code_files())
     assert modules <= set(reuse.check_sources(load_engine("sglang")))
+
+
+# ---- traceback frames as evidence (issue 34) -------------------------------------------------------
+
+NEW_SHAPES = {
+    "kernel-fault-capture-sglang-0.5.12.log": "kernel-fault",
+    "kernel-fault-replay-sglang-0.5.12.log": "kernel-fault",
+    "kernel-fault-forward-sglang-0.5.12.log": "kernel-fault",
+    "graph-capture-failed-typeerror-sglang-0.5.12.log": "graph-capture-failed",
+    "graph-capture-failed-compile-pass-sglang-0.5.14.log": "graph-capture-failed",
+    "dynamo-untraceable-frames-only-sglang-0.5.11.log": "dynamo-untraceable",
+    "dynamo-untraceable-truncated-sglang-0.5.11.log": "dynamo-untraceable",
+    "model-unsupported-sglang-0.5.8.log": "model-unsupported",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_SHAPES))
+def test_new_shapes_are_not_scheduler_died_and_abort_early_on_their_class(name):
+    lines = (LOGS / name).read_text(encoding="utf-8").splitlines()
+    scanner = LogScanner("sglang", env=NO_ENV)
+    reported = [found for line in lines if (found := scanner.feed(line))]
+    first = reported[0] if reported else None
+    assert scanner.best().cls == NEW_SHAPES[name] != "scheduler-died"
+    # Fatal: a running server is stopped by the first fatal line (a generic one may come first; the serve
+    # stage re-ranks what its log holds before it kills the server), at the latest by the class's own line.
+    assert first is not None and first.fatal and first.line <= scanner.best().line
+    assert scanner.best().fatal
+
+
+def test_frames_that_decided_are_in_the_excerpt():
+    match = classify_text((LOGS / "dynamo-untraceable-frames-only-sglang-0.5.11.log").read_text(), "sglang")
+    head = match.excerpt.splitlines()[:4]
+    assert head[0] == "frames that decided (dynamo traced flashinfer's FP4 JIT into subprocess):"
+    assert head[1:] == [f"  {frame}" for frame in match.frames]
+    assert match.frames[-1] == "python3.12/subprocess.py:548 run"
+
+
+def test_frames_rule_with_raises_needs_its_exception_line():
+    capture = '  File "/x/sglang/srt/model_executor/cuda_graph_runner.py", line 1187, in capture_one_batch_size'
+    text = "\n".join(["Traceback (most recent call last):", capture, "    run_once()"])
+    assert classify_text(text, "sglang") is None  # cut before its exception: no class from a `raises` rule
+    assert classify_text(text + "\nTypeError: bad", "sglang").cls == "graph-capture-failed"
+    # The same frames in another listing than the one that raised do not count.
+    other = (
+        text + '\n[t] some log line\nTraceback (most recent call last):\n  File "/x/y.py", line 1, in f\nTypeError: x'
+    )
+    assert classify_text(other, "sglang").cls == "python-exception"
+
+
+def test_frames_must_come_in_call_order():
+    polyfills = '  File "/v/torch/_dynamo/polyfills/__init__.py", line 392, in getattr_and_trace'
+    fp4 = '  File "/v/flashinfer/quantization/fp4_quantization.py", line 725, in fp4_quantize'
+    sub = '  File "/usr/lib/python3.12/subprocess.py", line 548, in run'
+    assert classify_text("\n".join(["from user code:", fp4, polyfills, sub]), "sglang").cls == "dynamo-untraceable"
+    assert classify_text("\n".join(["from user code:", polyfills, fp4, sub]), "sglang").cls == "dynamo-untraceable"
+    assert classify_text("\n".join(["from user code:", sub, fp4]), "sglang") is None
+    # Redacted paths (`.../site-packages/...`, as the published excerpts show them) are frames too.
+    redacted = [line.replace("/v/", ".../site-packages/") for line in (fp4, polyfills)]
+    assert classify_text("\n".join(["Traceback (most recent call last):", *redacted, sub]), "sglang").cls == (
+        "dynamo-untraceable"
+    )
+
+
+def test_phase_is_the_first_of_its_group_in_data_order():
+    # A replay traceback runs through the forward too: replay is named, not both.
+    match = classify_text((LOGS / "kernel-fault-replay-sglang-0.5.12.log").read_text(), "sglang")
+    assert match.evidence == ("phase: replay",)
+
+
+def test_model_unsupported_names_the_architecture_from_the_registry_message():
+    line = (
+        "ValueError: Model architectures ['GlmMoeDsaForCausalLM'] are not supported for now. "
+        "Supported architectures: dict_keys(['LlamaForCausalLM'])"
+    )
+    match = classify_text(f"[t TP0] Scheduler hit an exception: Traceback (most recent call last):\n{line}\n", "sglang")
+    assert (match.cls, match.evidence) == ("model-unsupported", ("architectures ['GlmMoeDsaForCausalLM']",))
+
+
+def test_signature_data_cites_its_sources_for_the_new_shapes():
+    sigs = load_signatures("sglang")
+    assert any("#26541" in s for s in sigs.get("kernel-fault").sources)
+    assert any("#2999" in s for s in sigs.get("dynamo-untraceable").sources)
+    assert all(sigs.get(c).fatal for c in ("kernel-fault", "model-unsupported", "graph-capture-failed"))
