@@ -27,6 +27,7 @@ from typing import Any
 import jinja2
 
 from servematrix.classify import Signature, load_signatures
+from servematrix.classify.fixes import package_fixes
 from servematrix.engines import Engine, available_engines, load_engine
 from servematrix.report import escape, markdown
 from servematrix.report.bisectnote import notes as bisection_notes
@@ -231,7 +232,8 @@ def write_failure_pages(
     for entry in classes.values():
         cells = [_failure_cell(row, nearest) for row in sorted(by_class.get(entry.id, []), key=_failure_order)]
         bisected = bisection_notes(by_class.get(entry.id, []))
-        text = page.render(cls=entry, cells=cells, html=HTML_NAME, table=table, bisected=bisected)
+        pins = _package_pins(by_class.get(entry.id, []))
+        text = page.render(cls=entry, cells=cells, html=HTML_NAME, table=table, bisected=bisected, pins=pins)
         written.append(atomic_write(out_dir / _page_name(entry.id), text))
     index = env.get_template("failures-index.md.j2").render(
         classes=list(classes.values()), counts={cls: len(rows) for cls, rows in by_class.items()}
@@ -239,6 +241,16 @@ def write_failure_pages(
     written.append(atomic_write(out_dir / "index.md", index))
     replace_owned(out_dir, (p.name for p in written))  # only pages an earlier report wrote are removed
     return written
+
+
+def _package_pins(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Package pins the signature data says fix these cells (`classify.fixes`), each with the cells it fixes."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in sorted(rows, key=_failure_order):
+        for fix in package_fixes(row):
+            entry = found.setdefault(fix.text, {"fix": fix, "cells": []})
+            entry["cells"].append(row["cell_id"])
+    return list(found.values())
 
 
 def _failure_cell(row: Row, nearest: Mapping[str, str]) -> dict[str, Any]:
