@@ -280,6 +280,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from servematrix.report.publish import read_record, store_rows
     from servematrix.report.recommend import recommend, render_text
     from servematrix.report.regressions import published_rows
+    from servematrix.store.redact import strip_terminal_controls
 
     if args.store is not None:
         rows = store_rows(args.store)
@@ -298,7 +299,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([r.to_dict() for r in found], indent=2))
     else:
-        print(render_text(found, rows))
+        print(strip_terminal_controls(render_text(found, rows)))  # a row's text never drives the terminal
     return 0
 
 

@@ -907,3 +907,56 @@ def test_the_throughput_figure_holds_a_bounded_number_of_panels(project: Path, m
     assert main(["report", "--store", str(store), "--out", "out"]) == 0
     svg = next((project / "out" / "plots").glob("*throughput.svg")).read_text()
     assert "the newest 2 of 3 environments" in svg and "transformers 5.20.0" not in svg
+
+
+# ------------------------------------------------------------------------ Medium 4 and Low: terminal escapes
+
+
+def test_a_secret_split_by_a_terminal_escape_is_redacted_in_the_log_and_its_excerpt(tmp_path: Path):
+    from servematrix.backends import LaunchSpec
+    from servematrix.engines import Readiness
+    from servematrix.stages.serve import Server
+
+    secret = "Xy7kq9ZzP4wL"
+    script = (
+        "import sys; sys.stdout.write('token Xy7k\\x1b[0mq9ZzP4wL\\n\\x1b]0;owned\\x07\\x1b]52;c;aGk=\\x07\\x1b[2J"
+        "bye\\n'); sys.exit(3)"
+    )
+    launch = LaunchSpec(argv=(sys.executable, "-c", script), env={**os.environ, "MY_KEY": secret}, owns_listener=False)
+    readiness = Readiness(path="/health", interval_s=1.0, timeout_s=10.0)
+    with Server(
+        launch, engine="transformers", port=1, log_path=tmp_path / "s.log", readiness=readiness, timeout_s=10.0,
+        passed_env=("MY_KEY",),
+    ) as server:  # fmt: skip
+        ready = server.wait_ready()
+    assert ready.verdict is not None and ready.verdict.excerpt
+    for text in (ready.verdict.excerpt, (tmp_path / "s.log").read_text()):
+        assert "Xy7k" not in text and "q9ZzP4wL" not in text
+        assert "\x1b" not in text and "\x07" not in text
+
+
+def test_a_progress_bar_of_bare_carriage_returns_holds_a_bounded_partial_line(tmp_path: Path):
+    from servematrix.backends import LaunchSpec
+    from servematrix.engines import Readiness
+    from servematrix.stages import serve
+
+    script = "import sys, time; sys.stdout.write('10%\\r' * 400_000); sys.stdout.flush(); time.sleep(30)"
+    launch = LaunchSpec(argv=(sys.executable, "-c", script), env=dict(os.environ), owns_listener=False)
+    readiness = Readiness(path="/health", interval_s=1.0, timeout_s=10.0)
+    with serve.Server(
+        launch, engine="transformers", port=1, log_path=tmp_path / "s.log", readiness=readiness, timeout_s=10.0
+    ) as server:
+        deadline = time.monotonic() + 10
+        while (tmp_path / "s.log").stat().st_size < 1_000_000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.check()
+        assert len(server._partial) <= serve.PARTIAL_MAX
+
+
+def test_recommend_prints_no_terminal_control_sequence(project: Path, capsys: pytest.CaptureFixture[str]):
+    hostile = "fail:boom\x1b]0;owned\x07\x1b]52;c;aGk=\x07\x1b[2J"
+    store = make_store(project / "s.sqlite", values("a"), values("b", env_id="env-b", verdict=hostile, metrics=None))
+    capsys.readouterr()
+    assert main(["recommend", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "boom" in out and "\x1b" not in out and "\x07" not in out

@@ -34,6 +34,7 @@ from servematrix.formats.verdict import Verdict, failed
 from servematrix.store.redact import LineRedactingWriter, Redactor
 
 TAIL_LINES = 30
+PARTIAL_MAX = 64 * 1024  # the most of an unfinished log line held between reads
 SCAN_INTERVAL_S = 0.1
 SETTLE_S = 0.5
 # How long the log writer may keep draining a server's output after the server exited or was killed.
@@ -219,6 +220,12 @@ class Server:
         text = self._partial + chunk.decode("utf-8", errors="replace")
         lines = text.split("\n")
         self._partial = lines.pop()
+        if len(self._partial) > PARTIAL_MAX:  # a progress bar that only writes `\r`: read up to its last one
+            cut = self._partial.rfind("\r") + 1
+            if not cut or len(self._partial) - cut > PARTIAL_MAX:
+                cut = len(self._partial)
+            lines.append(self._partial[:cut])
+            self._partial = self._partial[cut:]
         first_fatal = None
         ready_log = self.readiness.ready_log
         for line in lines:

@@ -182,7 +182,23 @@ def _known_values(values: Iterable[str], env: Mapping[str, str] | None) -> tuple
     return tuple(sorted(known, key=len, reverse=True))
 
 
+# Terminal control sequences (ECMA-48, 7- and 8-bit) and control characters, but tab, line feed and carriage
+# return: removed before anything is redacted, so an escape inside a secret (`Xy7k\e[0mq9ZzP4wL`) cannot hide it
+# from a match, and no excerpt drives the terminal that prints it (as classify/lines.py does for one line).
+_TERMINAL_CONTROL = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x00-\x1f\x7f-\x9f]*(?:\x07|\x1b\\|\x9c)"
+    r"|\x1b[ -/]*[0-~]?"
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+)
+
+
+def strip_terminal_controls(text: str) -> str:
+    return _TERMINAL_CONTROL.sub("", text) if _TERMINAL_CONTROL.search(text) else text
+
+
 def _redact(text: str, known: Sequence[str], flag_pattern: re.Pattern[str] | None) -> str:
+    text = strip_terminal_controls(text)
     for value in known:
         if value in text:
             text = text.replace(value, REDACTED)
