@@ -25,6 +25,7 @@ from servematrix.store.redact import (
     MissingSecretError,
     fill_secrets,
     placeholder_flags,
+    secret_variable,
     spec_secret_flags,
 )
 from servematrix.store.store import DEFAULT_STORE, Store
@@ -81,8 +82,22 @@ def builds_here(plan: Plan, stages: Sequence[str]) -> list[str]:
 
 
 def preamble(plan: Plan, options: RunOptions) -> list[str]:
-    """What the run will do, said before it starts (progress.announce of planned_work)."""
-    return announce(planned_work(plan, options))
+    """What the run will do, said before it starts (progress.announce of planned_work), and where a secret it
+    passes is exposed."""
+    return [*announce(planned_work(plan, options)), *argv_secret_notes(plan)]
+
+
+def argv_secret_notes(plan: Plan) -> list[str]:
+    """A line per secret flag a server gets in its argv (`***` filled from SERVEMATRIX_SECRET_*): no engine
+    servematrix knows reads these from a variable or a file, so the value is in the server's process list, where
+    another user of the host can read it (`ps`). It is never logged, stored nor published."""
+    flags = spec_secret_flags(plan.spec)
+    args = [*plan.spec.file.server.args, *(a for kind in plan.spec.file.gpu.values() for a in kind.args)]
+    return [
+        f"note: {flag}'s value (from {secret_variable(flag)}) is in the server's argv: {plan.spec.engine.name} reads "
+        "it from no variable or file, so another user of this host can read it with `ps` while the server runs"
+        for flag in placeholder_flags(args, flags)
+    ]
 
 
 def unchanged(store: Store, plan: Plan, cell: Cell, options: RunOptions) -> bool:

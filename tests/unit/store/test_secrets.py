@@ -122,6 +122,16 @@ def test_a_matrix_may_leave_a_secret_to_the_environment(tmp_path, monkeypatch):
         assert {tuple(r["argv"][-2:]) for r in store.all_rows()} == {("--api-key", "***")}
 
 
+def test_the_run_says_a_secret_flag_is_in_the_servers_argv(tmp_path, monkeypatch):
+    """docs/containers.md promised no secret in a process list; a secret flag's value is there (issue 38)."""
+    from servematrix.run.runplan import preamble
+
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(MATRIX.format(server='args = ["--api-key", "***"]'))
+    lines = preamble(make_plan(matrix), RunOptions(workdir=tmp_path / "work", store=tmp_path / "s.sqlite"))
+    assert any("--api-key" in line and "SERVEMATRIX_SECRET_API_KEY" in line and "ps" in line for line in lines)
+
+
 def test_a_missing_secret_variable_is_named(tmp_path, monkeypatch, capsys):
     matrix = tmp_path / "m.toml"
     matrix.write_text(MATRIX.format(server='args = ["--hf-token=***"]'))
