@@ -225,7 +225,7 @@ def _report(
     )
     written = f"{result.markdown}, {result.html}, {len(result.plots)} plot(s)"
     if publish:
-        print(f"wrote {written}, {result.results}\n{done}", file=sys.stderr)
+        print(f"wrote {written}, {result.results}\n{done}\n{result.history_summary}", file=sys.stderr)
     else:
         print(
             f"wrote {written} from {store} (a preview: nothing published; `servematrix report --publish` publishes)",

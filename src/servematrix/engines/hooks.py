@@ -19,7 +19,7 @@ names against this contract when a plan is made.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -45,6 +45,15 @@ class PreflightInput:
     engine: Engine
     pins: Mapping[str, str]  # the environment's resolved lock, by package name (empty before resolve)
     cache_dir: Path  # where a hook keeps what it fetched or derived, shared by every cell
+    # The interpreter of the cell's environment, its whole lock installed on this CPU as the import check
+    # installs it: installed on the first call (None where it cannot be: no lock, no such Python), removed
+    # by the runner once the environment's cells are done. None where the runner offers none (a host with
+    # the cell's GPUs, a run without the import check).
+    python: Callable[[], Path | None] | None = None
+    # The folder of the model's config files (config.json, the quantization config; no weights) on this
+    # host: the matrix's `[model] config_dir`, else the model path when it is a local folder holding a
+    # config.json; None when neither is there.
+    model_config: Path | None = None
 
     def package(self, axis: str) -> str | None:
         """The version of an axis's package: the lock's, else the axis value or the release pin."""

@@ -54,6 +54,7 @@ class Extras:
     html: str | None = None  # the HTML page, relative to the markdown file
     baseline: str | None = None  # what regressions were checked against, as shown to readers
     packing: Sequence[str] = ()  # a line per packed run of the store: its makespan against its lower bound
+    history: str = ""  # this publish's categories and the pre-flight's track record (`report.history`)
 
     def regressed(self, cell_id: str) -> list[Regression]:
         return [r for r in self.regressions if r.cell_id == cell_id]
@@ -174,6 +175,7 @@ def render(rows: Sequence[Row], title: str = "Compatibility", extras: Extras = N
     from servematrix.report.recommend import render_markdown  # it reads this module's tok_s
 
     out.append(render_markdown(rows))
+    out.append(extras.history)  # after the recommendation: the pre-flight's track record is read with it
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
         by_matrix.setdefault(row["matrix"], []).append(row)

@@ -38,6 +38,7 @@ from servematrix.errors import InputError
 from servematrix.formats.verdict import observed, unserved
 from servematrix.planning.schedule import makespan_line, stored_spans
 from servematrix.report import owned
+from servematrix.report.history import record as history
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
 from servematrix.store.rowschema import in_future
 from servematrix.store.store import Row, Store
@@ -46,6 +47,7 @@ from servematrix.util import DEFAULT_WORKDIR
 PUBLISHED_SITE = Path("docs")
 PREVIEW_DIR = DEFAULT_WORKDIR / "report"
 RECORD = Path("results") / "latest.json"  # the published record, inside the site
+HISTORY = history.HISTORY  # each cell's runs over time, beside it (the feed)
 
 
 def store_rows(path: Path) -> list[Row]:
@@ -130,6 +132,7 @@ def write_report(
     except OSError as exc:
         raise InputError(f"{out_dir}: cannot write the report there ({exc.strerror}); nothing was written") from None
     try:
+        advanced = _advance_history(out_dir, rows) if write_record else None
         result = build_report(
             rows,
             staging,
@@ -139,7 +142,10 @@ def write_report(
             markdown_name=markdown_name,
             shown_from=out_dir,
             packing=packing,
+            history=advanced,
         )
+        if advanced is not None:  # the feed, moved into place with the rest
+            result = dataclasses.replace(result, history=history.write_history(advanced.history, staging / HISTORY))
         files = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file() and p.name != owned.MANIFEST)
         for folder in sorted({out_dir / f.parent for f in files}):
             _check_writable(folder, [out_dir / f for f in files if out_dir / f.parent == folder])
@@ -168,7 +174,22 @@ def write_report(
         plots=tuple(placed(p) for p in result.plots),
         failure_pages=tuple(placed(p) for p in result.failure_pages),
         results=placed(result.results) if result.results is not None else None,
+        history=placed(result.history) if result.history is not None else None,
     )
+
+
+def _advance_history(out_dir: Path, rows: Sequence[Row]) -> history.Advance:
+    """The site's history (`results/history.json`; none yet in an older site) with this publish's rows."""
+    path = out_dir / HISTORY
+    try:
+        found = history.load_history(path)
+        record = load_export(out_dir / RECORD)
+    except ValueError as exc:
+        raise InputError(f"{path}: not a servematrix history ({exc}); nothing was written") from None
+    except OSError as exc:
+        raise InputError(f"{str(path)[:200]}: cannot read the history ({exc.strerror})") from None
+    date = datetime.now(UTC).isoformat(timespec="seconds")
+    return history.advance(found, rows, date=date, root=Path.cwd(), record=record)
 
 
 def _check_writable(folder: Path, targets: Sequence[Path]) -> None:

@@ -31,6 +31,8 @@ from servematrix.classify.fixes import package_fixes
 from servematrix.engines import Engine, available_engines, load_engine
 from servematrix.report import escape, markdown
 from servematrix.report.bisectnote import notes as bisection_notes
+from servematrix.report.history.page import history_markdown, history_view
+from servematrix.report.history.record import Advance
 from servematrix.report.markdown import (
     Extras,
     axes_text,
@@ -75,6 +77,8 @@ class ReportResult:
     results: Path | None  # the JSON record written for the next comparison; None for a preview
     regressions: tuple[Regression, ...]
     baseline: Path | None  # the record compared with, if there was one
+    history: Path | None = None  # the feed (`report.history`), when published
+    history_summary: str = ""  # this publish's categories, one line
 
 
 def build_report(
@@ -88,6 +92,7 @@ def build_report(
     markdown_name: str = MARKDOWN_NAME,
     shown_from: Path | None = None,
     packing: Sequence[str] = (),
+    history: Advance | None = None,
 ) -> ReportResult:
     """Write the report for `rows` under `out_dir`, comparing with the published record at `baseline`.
 
@@ -114,11 +119,12 @@ def build_report(
         html=HTML_NAME,
         baseline=shown_baseline,
         packing=packing,
+        history=history_markdown(history, rows),
     )
     md_path = markdown.write(rows, out_dir / markdown_name, title, extras)
     html_path = atomic_write(
         out_dir / HTML_NAME,
-        render_html(rows, title=title, plots=plots, regressions=regressions, baseline=shown_baseline),
+        render_html(rows, title=title, plots=plots, regressions=regressions, baseline=shown_baseline, history=history),
     )
     results_path = (
         write_export(export_results(rows, previous=previous), results or out_dir / RESULTS_PATH)
@@ -133,6 +139,7 @@ def build_report(
         results=results_path,
         regressions=regressions,
         baseline=baseline if previous is not None else None,
+        history_summary=history.summary() if history is not None else "",
     )
 
 
@@ -287,6 +294,7 @@ def render_html(
     plots: Sequence[Plot] = (),
     regressions: Sequence[Regression] = (),
     baseline: str | None = None,
+    history: Advance | None = None,
 ) -> str:
     classes = failure_classes(rows)
     used = sorted({c for r in rows if (c := failure_class(str(r["verdict"])))})
@@ -297,6 +305,7 @@ def render_html(
         _matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions)
         for matrix, group in by_matrix.items()
     ]
+    changes = history_view(history, sections, rows)  # each cell's timeline, and this publish's categories
     # The matrix just run leads: the most recently finished first, each with counts of its own.
     sections.sort(key=lambda s: s["finished"], reverse=True)
     counts = {kind: sum(1 for r in rows if _kind(r) == kind) for kind in VERDICT_KINDS}
@@ -312,6 +321,7 @@ def render_html(
             baseline=baseline,
             classes=[classes[c] for c in used if c in classes],
             provenance=markdown.provenance(list(rows)).strip() if rows else "",
+            changes=changes,
             css=_asset("site.css"),
             js=_asset("site.js"),
         )

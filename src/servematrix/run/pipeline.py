@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from servematrix.backends import Backend, Built
+from servematrix.config.spec import model_config_dir
 from servematrix.engines.hooks import Hooks, PreflightInput, PreflightUnavailable
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
@@ -85,6 +86,7 @@ class _EnvState:
     notes: tuple[str, ...] = ()  # environment-level evidence for every cell (e.g. the import check)
     pending: dict[str, _Pending] = field(default_factory=dict)  # served cells with more starts to come
     imported: bool = False  # the import check ran (its verdict, if any, is in `ended`)
+    venv: importcheck.LockVenv | None = None  # the lock installed for the pre-flights that run the engine's code
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -164,6 +166,8 @@ class _Runner:
                     self._progress.finished(cell, self.summary.verdicts.get(cell.id, "?"))
                 for cell_id in self._more_starts(state):
                     self._progress.finished(by_id[cell_id], self.summary.verdicts.get(cell_id, "?"))
+                if state.venv is not None:
+                    state.venv.close()
             packing = self._run_packed(packed) if packed else None
         if self.summary.skipped_owned:
             owners = sorted(set(self.summary.skipped_owned.values()))
@@ -483,6 +487,8 @@ class _Runner:
             engine=engine,
             pins=state.resolved.pins if state.resolved else {},
             cache_dir=self.options.workdir / "cache",
+            python=self._interpreter(state),
+            model_config=model_config_dir(self.plan.spec),
         )
         started = time.monotonic()
         try:
@@ -502,6 +508,20 @@ class _Runner:
         finally:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
         return None, tuple(passed)
+
+    def _interpreter(self, state: _EnvState) -> Callable[[], Path | None] | None:
+        """Where the import check runs (a host without the environment's GPUs), the environment's lock
+        installed for a pre-flight that runs the engine's own code, on its first call; None elsewhere."""
+        resolved = state.resolved
+        if gpu_ready(state.env) or not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
+            return None
+        if resolved is None or resolved.status != "resolved" or resolved.lockfile is None:
+            return None
+        if state.venv is None:
+            state.venv = importcheck.LockVenv(
+                resolved.lockfile, python_version=state.env.python, cache_dir=self.options.workdir / "cache"
+            )
+        return state.venv.python
 
     def _say_unavailable(self, name: str, cell: Cell, reason: str) -> None:
         """A pre-flight that cannot run, said once per reason: a host without a package index would

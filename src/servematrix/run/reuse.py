@@ -6,7 +6,8 @@ The inputs of a cell's CPU pre-flight (resolve, flags, import, trace probe), has
 - the cell (its id hashes the versions, the GPU kind with its platform, the Python, the mode and the argv)
   and which CPU stages ran (a run without the import check decides less);
 - the resolution request and the bytes of the lock file it was resolved to (none for an unresolvable one);
-- the bytes of the engine data file and of its failure signatures;
+- the bytes of the engine data file and of its failure signatures, and of the model's config files (`[model]
+  config_dir`, which the load pre-flight reads);
 - the checks' own code: the import check, the failure classifier, the harness-fault data, and every file of
   the engine's hooks module (sglang's flag reader, trace probe, probe script and probe data).
 
@@ -28,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from servematrix.config.spec import model_config_dir
 from servematrix.engines import Engine, _engine_folders
 from servematrix.errors import InputError
 from servematrix.formats.lockfile import read_lock_header
@@ -123,8 +125,18 @@ def preflight_inputs(
         "platform": env.gpu.platform,
         "arch": env.gpu.arch,
         "python": env.python,
+        "model_config": _model_config_digest(plan),
         **(engine if engine is not None else engine_digest(plan.spec.engine)),
     }
+
+
+def _model_config_digest(plan: Plan) -> str | None:
+    """The model's config files the load pre-flight reads (`[model] config_dir`, committed beside the matrix;
+    never a built model's folder, which only some hosts have), by name and bytes."""
+    folder = model_config_dir(plan.spec) if plan.spec.file.model.config_dir else None
+    if folder is None or not folder.is_dir():
+        return None
+    return files_digest(p for p in folder.iterdir() if p.is_file() and p.suffix == ".json")
 
 
 def preflight_hash(

@@ -260,6 +260,65 @@ def import_check(
         shutil.rmtree(venv, ignore_errors=True)
 
 
+class LockVenv:
+    """The environment's whole lock installed into a venv on this CPU, as the import check installs it (the
+    same interpreter, `uv pip install --require-hashes --no-deps`, linked from uv's one cache): what a
+    pre-flight that runs the engine's own code needs (the sglang load pre-flight). Installed on the first
+    `python()` call, kept for the environment's cells, removed by `close()`. With uv's cache warm from the
+    import check, the install links its files (measured: 207 packages of sglang 0.5.23's lock in 0.8 s)."""
+
+    def __init__(self, lockfile: Path, *, python_version: str, cache_dir: Path, timeout_s: float = 900) -> None:
+        self.lockfile = Path(lockfile)
+        self.python_version = python_version
+        body = hashlib.sha256(_body(self.lockfile)).hexdigest()[:16]
+        self.venv = Path(cache_dir) / "import" / "venvs" / f"env-{body}-{os.getpid()}"
+        self.timeout_s = timeout_s
+        self.error = ""  # why there is no interpreter, once `python()` said None
+        self._python: Path | None = None
+        self._tried = False
+
+    def python(self) -> Path | None:
+        if self._tried:
+            return self._python
+        self._tried = True
+        base = find_python(self.python_version)
+        if base is None:
+            self.error = f"no Python {self.python_version} on this host"
+            return None
+        shutil.rmtree(self.venv, ignore_errors=True)
+        env = uv_env(NO_COLOR="1")
+        env.pop("VIRTUAL_ENV", None)
+        self.venv.parent.mkdir(parents=True, exist_ok=True)
+        env.setdefault("UV_LINK_MODE", link_mode(self.venv, _uv_cache_dir(env)))
+        python = self.venv / "bin" / "python"
+        for step in (
+            ["uv", "venv", "--quiet", "--python", base, str(self.venv)],
+            [
+                "uv",
+                "pip",
+                "install",
+                "--quiet",
+                "--python",
+                str(python),
+                "--require-hashes",
+                "--no-deps",
+                "-r",
+                str(self.lockfile),
+            ],
+        ):
+            run = run_captured(step, env=env, timeout_s=self.timeout_s)
+            if run.timed_out or run.returncode != 0:
+                last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+                self.error = f"`{' '.join(step[:3])}` failed: {last}"
+                self.close()
+                return None
+        self._python = python
+        return python
+
+    def close(self) -> None:
+        shutil.rmtree(self.venv, ignore_errors=True)
+
+
 # What one check may take while it runs, as a budget: the wheels it fetches land in uv's cache (sglang 0.5.6's
 # lock grew it by 5.06 GB, measured here), its venv links them; its imports need memory of their own.
 _CHECK_DISK_BYTES = 10 * 1024**3

@@ -1,8 +1,12 @@
 """sglang's hooks (the contract: `engines/hooks.py`): the CPU pre-flights its data names
-(`preflight = ["flags", "trace", "import"]`) and the trace probe's preamble.
+(`preflight = ["flags", "load", "trace", "import"]`) and the trace probe's preamble.
 
 - `flags`: every flag of the cell's server argv must be accepted by that sglang release, and every value must
   be among its declared choices (`flagsurface`, read from the wheel of the cell's Python and platform).
+- `load`: sglang's own start-up on the CPU, in the environment the import check installs, as far as it goes
+  (`loadprobe`): ServerArgs from the cell's argv, the model config, the registry, the backends and the
+  quantization method chosen for the cell's arch, the modules built on the meta device. sglang's own error
+  predicts the failure; how far it got is shown with the cell.
 - `trace`: a cell whose mode traces with dynamo (`trace_modes`) gets the FP4 trace probe (`traceprobe`): an
   FP4 quantize entry point that does not trace predicts `dynamo-untraceable` before any GPU time is spent.
 
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servematrix.engines.hooks import PreflightInput, PreflightUnavailable
-from servematrix.engines.sglang import flagsurface, traceprobe
+from servematrix.engines.sglang import flagsurface, loadprobe, traceprobe
 from servematrix.errors import InputError
 from servematrix.formats import verdict
 from servematrix.formats.verdict import Verdict
@@ -89,7 +93,7 @@ def untraceable(result: traceprobe.ProbeResult) -> Verdict:
     )
 
 
-PREFLIGHTS = {"flags": flags, "trace": trace}
+PREFLIGHTS = {"flags": flags, "load": loadprobe.load, "trace": trace}
 
 
 def probe_entry(inp: PreflightInput, entry: str, *, needs_gpu: bool) -> tuple[Verdict, bool]:

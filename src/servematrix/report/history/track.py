@@ -1,0 +1,136 @@
+"""The pre-flight's track record: CPU predictions against later GPU observations of the same inputs.
+
+A CPU verdict predicts a GPU run: `skipped:no-gpu` (every pre-flight passed) predicts a pass, `predicted-fail:<class>`
+and a pre-flight's `fail:<class>` a failure. A GPU entry of a cell's history (a pass or a fail decided on a GPU) is
+compared with the newest earlier CPU entry of the same cell with the same inputs (`record.same_inputs` but for
+where it was decided); a row that carries its own `prediction` counts too. Whether the outcome (pass or fail)
+held is counted by the predicted class; a contradicted prediction is listed with both entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from servematrix.report.escape import code, text
+from servematrix.report.history.record import decided_on, entry_of, known_same, verdict_kind
+from servematrix.store.rowschema import Row
+
+
+@dataclass(frozen=True, kw_only=True)
+class Contradiction:
+    cell_id: str
+    predicted: Mapping[str, Any]  # the CPU entry
+    observed: Mapping[str, Any]  # the GPU entry
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackRecord:
+    """CPU predictions against later GPU observations of the same inputs, by predicted class."""
+
+    by_class: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # class -> (held, compared)
+    contradicted: tuple[Contradiction, ...] = ()
+
+    @property
+    def held(self) -> int:
+        return sum(h for h, _ in self.by_class.values())
+
+    @property
+    def compared(self) -> int:
+        return sum(n for _, n in self.by_class.values())
+
+    def line(self) -> str:
+        if not self.compared:
+            return (
+                "CPU predictions confirmed on a GPU: no cell has both a CPU prediction and a later GPU run of the "
+                "same inputs yet (insufficient data)"
+            )
+        classes = "; ".join(f"{cls} {h} of {n}" for cls, (h, n) in sorted(self.by_class.items()))
+        return f"CPU predictions confirmed on a GPU: {self.held} of {self.compared} ({classes})"
+
+
+def _prediction(verdict: str) -> tuple[str, str] | None:
+    """(predicted outcome kind, class) of a CPU verdict, or None when it predicts nothing about serving."""
+    kind, _, detail = verdict.partition(":")
+    if verdict == "skipped:no-gpu":
+        return "pass", "passed the pre-flights"
+    if kind in ("predicted-fail", "fail"):
+        return "fail", detail or kind
+    return None
+
+
+def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping[str, Any]] = ()) -> TrackRecord:
+    """For each GPU observation (pass or fail) with an earlier CPU prediction of the same inputs, in a cell's
+    history, or in a row's own `prediction` field: whether the prediction held, by its class."""
+    by_class: dict[str, list[int]] = {}
+    contradicted: list[Contradiction] = []
+    seen: set[tuple[str, str]] = set()
+    for cell_id, cell in sorted(((history or {}).get("cells") or {}).items()):
+        entries = cell.get("entries") or []
+        for index, observed in enumerate(entries):
+            if observed.get("on") in ("cpu", None) or verdict_kind(str(observed.get("verdict"))) not in (
+                "pass",
+                "fail",
+            ):
+                continue
+            earlier = next(
+                (
+                    e
+                    for e in reversed(entries[:index])
+                    if e.get("on") == "cpu"
+                    and _prediction(str(e.get("verdict"))) is not None
+                    and e.get("inputs") is not None
+                    and e.get("inputs") == observed.get("inputs")
+                    and known_same(e, observed, "lock")
+                ),
+                None,
+            )
+            if earlier is None:
+                continue
+            outcome, cls = _prediction(str(earlier["verdict"])) or ("", "")
+            held = outcome == verdict_kind(str(observed["verdict"]))
+            counts = by_class.setdefault(cls, [0, 0])
+            counts[0] += int(held)
+            counts[1] += 1
+            seen.add((cell_id, str(observed.get("run_id"))))
+            if not held:
+                contradicted.append(Contradiction(cell_id=cell_id, predicted=earlier, observed=observed))
+    for row in rows:
+        predicted, verdict = row.get("prediction"), str(row.get("verdict") or "")
+        if not predicted or decided_on(row) == "cpu" or verdict_kind(verdict) not in ("pass", "fail"):
+            continue
+        if (str(row.get("cell_id")), str(row.get("run_id"))) in seen:
+            continue
+        found = _prediction(str(predicted)) or (("pass", "passed the pre-flights") if predicted == "pass" else None)
+        if found is None:
+            continue
+        outcome, cls = found
+        held = outcome == verdict_kind(verdict)
+        counts = by_class.setdefault(cls, [0, 0])
+        counts[0] += int(held)
+        counts[1] += 1
+        if not held:
+            contradicted.append(
+                Contradiction(
+                    cell_id=str(row.get("cell_id")),
+                    predicted={"verdict": predicted, "on": "cpu", "run_id": row.get("run_id"), "date": None},
+                    observed=entry_of(row),
+                )
+            )
+    return TrackRecord(by_class={k: (v[0], v[1]) for k, v in by_class.items()}, contradicted=tuple(contradicted))
+
+
+def track_record_markdown(history: Mapping[str, Any] | None, rows: Sequence[Row]) -> str:
+    """The track record for the recommendation: one line, then each contradicted prediction with both rows."""
+    found = track_record(history, rows)
+    lines = [text(found.line()) + "\n"]
+    for c in found.contradicted:
+        p, o = c.predicted, c.observed
+        lines.append(
+            f"- {code(c.cell_id)}: predicted {code(str(p.get('verdict')))} on a CPU "
+            f"({text(str(p.get('date') or '')[:10])}, run {code(str(p.get('run_id')))}); observed "
+            f"{code(str(o.get('verdict')))} on {text(str(o.get('on')))} ({text(str(o.get('date') or '')[:10])}, "
+            f"run {code(str(o.get('run_id')))})"
+        )
+    return "\n".join(lines) + ("\n" if found.contradicted else "")
