@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
@@ -46,7 +45,7 @@ from servematrix.formats.lockfile import (
 )
 from servematrix.formats.releasedate import ReleaseDateError, release_date
 from servematrix.formats.remotewheel import RemoteWheelError, wheel_metadata
-from servematrix.formats.verdict import harness_faults
+from servematrix.stages.uvfailure import Status, classify_failure, trim_reason
 from servematrix.util import Captured, atomic_write, run_captured, uv_env
 
 __all__ = [
@@ -71,8 +70,6 @@ __all__ = [
 _REQUIREMENTS_NAME = "requirements.in"
 _OVERRIDES_NAME = "overrides.txt"
 
-_MAX_REASON_LINES = 15
-
 # PyPI's cache policy, said to uv in the working directory of each of its calls (a uv.toml there is merged
 # with the user's configuration): an index page read in the last 10 minutes is fresh and a file never
 # changes. That is what PyPI's own headers say (10 minutes for its pages, as uv's maintainers put it; a
@@ -89,8 +86,6 @@ url = "{PYPI_INDEX_URL}"
 explicit = true
 cache-control = {{ api = "max-age=600", files = "max-age=365000000, immutable" }}
 """
-
-Status = Literal["resolved", "unresolvable", "error"]
 
 _ENV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
@@ -267,71 +262,6 @@ def lock_header(
         resolver=resolver,
         command="uv pip compile " + " ".join(command),
     )
-
-
-# --------------------------------------------------------------------------------- failure classification
-
-
-def _strip_ansi(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
-
-
-def trim_reason(stderr: str, *, max_lines: int = _MAX_REASON_LINES) -> str:
-    """The resolver's own explanation, without warnings and hint noise, at most `max_lines` lines."""
-    kept: list[str] = []
-    in_hint = False
-    for raw in _strip_ansi(stderr).splitlines():
-        line = raw.strip()
-        if not line:
-            in_hint = False
-            continue
-        lowered = line.lower()
-        if lowered.startswith("warning:") or re.match(r"^resolved \d+ packages", lowered):
-            in_hint = False
-            continue
-        if lowered.startswith("hint:"):
-            # The platform hint names the tags that do exist, which is the useful half of that failure.
-            in_hint = "platform" not in lowered
-            if in_hint:
-                continue
-        elif in_hint:
-            continue
-        for prefix in ("error: ", "cause: ", "hint: "):
-            if line.startswith(prefix):
-                line = line[len(prefix) :]
-                break
-        kept.append(line)
-    if len(kept) > max_lines:
-        dropped = len(kept) - (max_lines - 1)
-        kept = [*kept[: max_lines - 1], f"… ({dropped} more lines)"]
-    return "\n".join(kept)
-
-
-def _failure_kind(stderr: str) -> Literal["network", "offline-miss", "conflict", "other"]:
-    """Which kind of failure uv's stderr shows, by the patterns of data/harness_faults.toml [resolve]."""
-    text = _strip_ansi(stderr)
-    rules = harness_faults().resolve
-    if any(p.search(text) for p in rules.network_patterns):
-        return "network"
-    if any(p.search(text) for p in rules.offline_miss_patterns):
-        return "offline-miss"
-    if any(p.search(text) for p in rules.conflict_patterns):
-        return "conflict"
-    return "other"
-
-
-def classify_failure(stderr: str) -> tuple[Status, str]:
-    """(status, trimmed reason) for a failed uv run.
-
-    Only a resolver conflict is `unresolvable`; network trouble, an offline cache miss and anything
-    unrecognised are `error`, so that they are retried rather than published as a verdict.
-    """
-    kind = _failure_kind(stderr)
-    status: Status = "unresolvable" if kind == "conflict" else "error"
-    reason = trim_reason(stderr)
-    if not reason:
-        reason = "uv failed without an explanation"
-    return status, reason
 
 
 # ---------------------------------------------------------------------------------------------- running uv
