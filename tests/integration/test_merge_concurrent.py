@@ -116,6 +116,7 @@ def test_a_shard_merged_while_its_task_ran_is_completed_by_the_next_merge(tmp_pa
     row = {
         "run_id": "r1", "cell_id": "c1", "env_id": "e1", "engine": "transformers", "mode": "static",
         "matrix": "matrix/cpu-smoke.toml", "axes": {"transformers": "5.24.0", "gpu": "cpu"}, "inputs_hash": "h",
+        "host": {"hostname": "node-1"}, "argv": ["python", "-m", "serve"],  # a running row says where and what
     }  # fmt: skip
     shard, out = tmp_path / "shard.sqlite", tmp_path / "out.sqlite"
     with Store(shard) as store:
