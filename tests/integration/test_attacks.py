@@ -478,6 +478,7 @@ def test_a_store_locked_by_another_process_is_one_line(project: Path, monkeypatc
 
     path = make_store(project / "s.sqlite")
     monkeypatch.setattr(store_module, "_LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(store_module, "_WRITE_WAIT_S", 0.5)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -960,3 +961,37 @@ def test_recommend_prints_no_terminal_control_sequence(project: Path, capsys: py
     assert main(["recommend", "--store", str(store)]) == 0
     out = capsys.readouterr().out
     assert "boom" in out and "\x1b" not in out and "\x07" not in out
+
+
+# ------------------------------------------------------------------------ Medium 5: a long merge beside a run
+
+
+def test_a_write_waits_out_a_holder_longer_than_one_busy_timeout(project: Path, monkeypatch: pytest.MonkeyPatch):
+    from servematrix.store import store as store_module
+
+    path = make_store(project / "s.sqlite")
+    monkeypatch.setattr(store_module, "_LOCK_WAIT_S", 0.2)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(1.0, lambda: holder.execute("ROLLBACK"))
+    release.start()
+    try:
+        with Store(path) as store:
+            store.record(**values(cell="b"))  # a run's verdict, written once the holder lets go
+            assert {r["cell_id"] for r in store.latest()} == {"a", "b"}
+    finally:
+        release.join()
+        holder.close()
+
+
+def test_a_merge_holds_the_write_lock_a_batch_at_a_time(project: Path, monkeypatch: pytest.MonkeyPatch):
+    from servematrix.store import store as store_module
+
+    shard = make_store(project / "shard.sqlite", *(values(f"c{i}", env_id=f"e{i}") for i in range(5)))
+    monkeypatch.setattr(store_module, "_MERGE_BATCH", 2)
+    with Store(project / "merged.sqlite") as target:
+        commits: list[str] = []
+        target._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+        assert target.merge([shard]) == [5]
+        assert target.merge([shard]) == [0]
+    assert len(commits) == 6  # 3 batches of at most 2 rows, twice

@@ -6,8 +6,10 @@ leaves a row the next run can find: it kills the orphaned server group and runs 
 claim is also the cell's lock: a second harness on the same store skips a cell a live harness owns.
 Finished rows are never rewritten by a later run; a new run adds rows.
 
-Merging shards is all-or-nothing: every input is checked first, then all rows go in one transaction, an
-upsert on (run_id, cell_id) that only completes rows still running, hence idempotent.
+Merging shards is all-or-nothing as far as the inputs go: every row of every input is checked first, then the
+rows go in by transactions of a bounded size (a long merge must not hold a run's writes off), an upsert on
+(run_id, cell_id) that only completes rows still running, hence idempotent: a merge killed midway is
+completed by running it again. A write waits while another process holds the store, up to ten minutes.
 
 Nothing secret is stored: argv, excerpts and evidence are redacted on their way in (written or merged).
 A file that is not a servematrix store, a corrupt one, or one that cannot be written is an InputError.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -54,7 +57,9 @@ def now() -> str:
 
 # started_at has one-second resolution and a process starts just before its row: allow for both.
 _OWNER_START_SLACK_S = 2.0
-_LOCK_WAIT_S = 30.0  # how long a harness waits for another that holds the store
+_LOCK_WAIT_S = 30.0  # how long a harness waits for another that holds the store, per try
+_WRITE_WAIT_S = 600.0  # how long a write keeps trying, in all
+_MERGE_BATCH = 5000  # rows per transaction of a merge
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,10 +185,16 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise _store_error(self.path, exc) from None
+        # Each try waits the connection's busy timeout; a write (a run's finished verdict above all) keeps trying
+        # while another process holds the store, up to _WRITE_WAIT_S in all.
+        deadline = time.monotonic() + _WRITE_WAIT_S
+        while True:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as exc:
+                if not ("locked" in str(exc) or "busy" in str(exc)) or time.monotonic() >= deadline:
+                    raise _store_error(self.path, exc) from None
         try:
             yield self._db
         except BaseException:
@@ -334,7 +345,7 @@ class Store:
         return Row(values=values)
 
     def merge(self, inputs: Sequence[Path]) -> list[int]:
-        """Copy the rows of every input in one transaction: all of them, or (on any error) none.
+        """Copy the rows of every input: all of them, or (on any error in any input) none.
 
         Every input is checked before anything is written. A row merged while its cell still ran is
         completed by a later merge; a finished row is never rewritten. Returns the rows each input added
@@ -343,35 +354,64 @@ class Store:
         return self._merge_checked(check_merge_inputs(self.path, inputs))
 
     def _merge_checked(self, checked: Sequence[tuple[Path, list[str]]]) -> list[int]:
+        """Every input's rows are read and checked into a staging file first: an error there writes nothing.
+        Then they go in `_MERGE_BATCH` rows per transaction, so a long merge holds the write lock a moment at a
+        time, and a run writing beside it waits no more than one batch (one transaction for 300k rows held it
+        85 s, and the run lost its verdict). A merge killed between batches leaves some rows in; merging again
+        completes it (rows are keyed by run and cell)."""
         names = ", ".join(COLUMNS)
-        marks = ", ".join("?" for _ in COLUMNS)
         updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c not in ("run_id", "cell_id"))
         upsert = (
-            f"INSERT INTO cell_runs ({names}) VALUES ({marks}) ON CONFLICT (run_id, cell_id) DO UPDATE SET {updates}"
+            f"INSERT INTO cell_runs ({names}) SELECT {names} FROM staged.cell_runs WHERE rowid > ? AND rowid <= ?"
+            f" ON CONFLICT (run_id, cell_id) DO UPDATE SET {updates}"
             " WHERE cell_runs.status = 'running' AND excluded.status = 'finished'"
         )
         added: list[int] = []
         self.merge_kept = []
-        with self._transaction() as db:
-            for source, columns in checked:
-                before = db.total_changes
-                reader = _open_read_only(source)
-                read = 0
+        with tempfile.TemporaryDirectory(prefix=".servematrix-merge-", dir=self.path.parent) as folder:
+            staged = [
+                _stage(source, columns, Path(folder) / f"{i}.sqlite") for i, (source, columns) in enumerate(checked)
+            ]
+            for path, count in staged:
+                self._db.execute("ATTACH DATABASE ? AS staged", (str(path),))
+                changed = 0
                 try:
-                    picked = ", ".join(c if c in columns else "NULL" for c in COLUMNS)
-                    rows = reader.execute(f"SELECT {picked} FROM cell_runs")
-                    for r in rows:
-                        db.execute(upsert, stored_row_checked(source, dict(zip(COLUMNS, r, strict=True))))
-                        read += 1
-                except sqlite3.DatabaseError as exc:
-                    raise _store_error(source, exc) from None
-                except ValueError as exc:  # a JSON column that does not parse
-                    raise InputError(f"{source}: the store is corrupt (a row does not parse: {exc})") from None
+                    for first in range(0, count, _MERGE_BATCH):
+                        with self._transaction() as db:
+                            before = db.total_changes
+                            db.execute(upsert, (first, first + _MERGE_BATCH))
+                            changed += db.total_changes - before
                 finally:
-                    reader.close()
-                added.append(db.total_changes - before)
-                self.merge_kept.append(read - added[-1])
+                    self._db.execute("DETACH DATABASE staged")
+                added.append(changed)
+                self.merge_kept.append(count - changed)
         return added
+
+
+def _stage(source: Path, columns: Sequence[str], path: Path) -> tuple[Path, int]:
+    """The rows of `source`, checked and redacted (`stored_row_checked`), in a staging store at `path`, in order
+    (rowid 1..count); the count."""
+    names = ", ".join(COLUMNS)
+    insert = f"INSERT INTO cell_runs ({names}) VALUES ({', '.join('?' for _ in COLUMNS)})"
+    writer = sqlite3.connect(path, isolation_level=None)
+    reader = _open_read_only(source)
+    count = 0
+    try:
+        writer.executescript(SCHEMA)
+        writer.execute("BEGIN")
+        picked = ", ".join(c if c in columns else "NULL" for c in COLUMNS)
+        for r in reader.execute(f"SELECT {picked} FROM cell_runs"):
+            writer.execute(insert, stored_row_checked(source, dict(zip(COLUMNS, r, strict=True))))
+            count += 1
+        writer.execute("COMMIT")
+    except sqlite3.DatabaseError as exc:
+        raise _store_error(source, exc) from None
+    except ValueError as exc:  # a JSON column that does not parse
+        raise InputError(f"{source}: the store is corrupt (a row does not parse: {exc})") from None
+    finally:
+        reader.close()
+        writer.close()
+    return path, count
 
 
 def merge_stores(target: Path, inputs: Sequence[Path], kept: list[int] | None = None) -> list[int]:
@@ -473,7 +513,8 @@ def _store_error(path: Path, exc: sqlite3.Error) -> InputError:
         return InputError(f"{path}: the store is read-only ({text})")
     if "locked" in text or "busy" in text:
         return InputError(
-            f"{path}: the store is locked by another process (waited {_LOCK_WAIT_S:.0f} s); try again when it is done"
+            f"{path}: the store is locked by another process (waited {max(_LOCK_WAIT_S, _WRITE_WAIT_S):.0f} s); "
+            "try again when it is done"
         )
     if "unable to open" in text:
         return InputError(f"{path}: cannot open the store ({text}; is its directory read-only?)")
