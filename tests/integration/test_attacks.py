@@ -995,3 +995,38 @@ def test_a_merge_holds_the_write_lock_a_batch_at_a_time(project: Path, monkeypat
         assert target.merge([shard]) == [5]
         assert target.merge([shard]) == [0]
     assert len(commits) == 6  # 3 batches of at most 2 rows, twice
+
+
+# ------------------------------------------------------------------------ Low: inputs a traceback used to answer
+
+
+def test_a_matrix_with_a_byte_order_mark_is_read(tmp_path: Path):
+    from servematrix.formats import tomlsource
+
+    source = tomlsource.parse(b"\xef\xbb\xbf" + (REPO / MATRIX).read_bytes(), "m.toml")
+    assert source.data == tomlsource.parse((REPO / MATRIX).read_bytes(), "m.toml").data
+
+
+def test_a_published_record_nested_100k_deep_is_one_line(project: Path, capsys: pytest.CaptureFixture[str]):
+    record = _publish(project)
+    capsys.readouterr()
+    record.write_text('{"schema": 1, "cells": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert main(["report", "--publish", "--from-published"]) == 2
+    assert "nested too deeply" in one_error_line(capsys)
+
+
+def test_a_full_disk_while_publishing_is_one_line(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    import errno
+
+    from servematrix.report import site
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    store = make_store(project / "s.sqlite")
+    monkeypatch.setattr(site, "build_report", full)
+    assert main(["report", "--publish", "--store", str(store)]) == 2
+    assert "No space left on device" in one_error_line(capsys)
+    assert not list((project / "docs").glob(".servematrix-staging-*"))

@@ -73,6 +73,7 @@ def load(path: Path, *, what: str = "matrix file") -> TomlSource:
 def parse(raw: bytes, path: Path | str) -> TomlSource:
     """Parse TOML bytes that came from `path` (the name its errors show), with every key's line indexed."""
     path = Path(path)
+    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte order mark, as some editors write UTF-8: not TOML's business
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -81,6 +81,8 @@ def store_packing(path: Path, runs: int = 3) -> list[str]:
 
 
 _OWN_FOLDERS = ("plots", "failures")
+
+
 @contextlib.contextmanager
 def publish_lock(out_dir: Path) -> Iterator[None]:
     """One publisher into a folder at a time: its record is read, merged and written holding a lock on the folder.
@@ -161,6 +163,8 @@ def write_report(
             raise InputError(
                 f"{out_dir}: moving the report into place failed after {moved} of {len(files)} file(s): {exc}"
             ) from None
+    except OSError as exc:  # a full disk while the report was built (ENOSPC): nothing was moved into place
+        raise InputError(f"{out_dir}: writing the report failed ({exc.strerror or exc}); nothing was written") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -147,7 +147,10 @@ def load_export(path: Path) -> dict[str, Any] | None:
     """The published record at `path`, or None when there is none yet. A malformed file is an error."""
     if not path.is_file():
         return None
-    data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except RecursionError:  # a record nested thousands deep: no record servematrix writes nests past a few
+        raise ValueError(f"{path}: nested too deeply to be a servematrix results export") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("cells"), dict):
         raise ValueError(f"{path}: not a servematrix results export (schema {SCHEMA})")
     for cell, entry in data["cells"].items():  # what a crafted record names reaches pages and file names
