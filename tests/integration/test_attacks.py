@@ -1030,3 +1030,58 @@ def test_a_full_disk_while_publishing_is_one_line(
     assert main(["report", "--publish", "--store", str(store)]) == 2
     assert "No space left on device" in one_error_line(capsys)
     assert not list((project / "docs").glob(".servematrix-staging-*"))
+
+
+# ------------------------------------------------------------------------ Low: a hostile index
+
+
+class _EndlessRange(http.server.BaseHTTPRequestHandler):
+    """Answers any Range with 206 and the right Content-Range, then bytes without end."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        start = self.headers.get("Range", "bytes=0-0").removeprefix("bytes=").split("-")[0]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{int(start) + 99}/100000000")
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(bytes(1 << 16))
+        except OSError:
+            pass
+
+
+def test_an_index_that_sends_more_than_the_range_is_read_no_further(tmp_path: Path):
+    from servematrix.formats.remotewheel import RemoteWheelError, wheel_metadata
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EndlessRange)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            wheel_metadata(f"http://127.0.0.1:{server.server_address[1]}/x.whl", "x", size=100_000_000)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    server.shutdown()
+    assert outcome and isinstance(outcome[0], RemoteWheelError)  # zeros are no zip directory
+
+
+def test_a_metadata_that_inflates_past_the_bound_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import zipfile
+
+    from servematrix.formats import remotewheel
+    from tests.wheelserver import RangeHandler, serve
+
+    monkeypatch.setattr(remotewheel, "MAX_METADATA", 4096)
+    wheel = tmp_path / "demo_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as out:
+        out.writestr("demo_pkg-1.0.dist-info/METADATA", "Name: demo-pkg\n" + "x" * 1_000_000)
+    with serve(tmp_path, RangeHandler) as (base, _), pytest.raises(remotewheel.RemoteWheelError, match="over"):
+        remotewheel.wheel_metadata(f"{base}/{wheel.name}", "demo-pkg", size=wheel.stat().st_size)

@@ -19,6 +19,7 @@ __all__ = ["RemoteWheelError", "wheel_metadata"]
 # zipfile reads the directory in one go and a member in two small reads: a read-ahead this large makes
 # each of those one request.
 _READ_AHEAD = 256 * 1024
+MAX_METADATA = 16 * 2**20  # a release's METADATA is kB; one that inflates past this is not read
 
 
 class RemoteWheelError(Exception):
@@ -51,12 +52,24 @@ class _RangeFile(io.RawIOBase):
         end = min(self._pos + len(view), self._size)
         if end <= self._pos:
             return 0
-        response = self._client.get(self._url, headers={"Range": f"bytes={self._pos}-{end - 1}"})
-        if response.status_code != httpx.codes.PARTIAL_CONTENT:
-            raise RemoteWheelError(f"{self._url}: HTTP {response.status_code} to a Range request")
-        if not response.headers.get("content-range", "").startswith(f"bytes {self._pos}-"):
-            raise RemoteWheelError(f"{self._url}: another range than bytes {self._pos}- came back")
-        data = response.content[: end - self._pos]
+        # Streamed, and read no further than the range asked for: a server that ignores Range (or compresses
+        # what it sends) must not make this read a whole wheel, or an endless body, into memory.
+        headers = {"Range": f"bytes={self._pos}-{end - 1}", "Accept-Encoding": "identity"}
+        with self._client.stream("GET", self._url, headers=headers) as response:
+            if response.status_code != httpx.codes.PARTIAL_CONTENT:
+                raise RemoteWheelError(f"{self._url}: HTTP {response.status_code} to a Range request")
+            if not response.headers.get("content-range", "").startswith(f"bytes {self._pos}-"):
+                raise RemoteWheelError(f"{self._url}: another range than bytes {self._pos}- came back")
+            if response.headers.get("content-encoding", "identity") != "identity":
+                raise RemoteWheelError(
+                    f"{self._url}: the range came back encoded ({response.headers['content-encoding']})"
+                )
+            data = b""
+            for piece in response.iter_raw():
+                data += piece
+                if len(data) >= end - self._pos:
+                    break
+        data = data[: end - self._pos]
         view[: len(data)] = data
         self._pos += len(data)
         return len(data)
@@ -82,7 +95,11 @@ def wheel_metadata(url: str, name: str, *, size: int | None = None, timeout_s: f
                         and folder.endswith(".dist-info")
                         and canonicalize_name(dist) == canonicalize_name(name)
                     ):
-                        return wheel.read(member).decode("utf-8")
+                        with wheel.open(member) as found:  # the size its header claims is no bound
+                            text = found.read(MAX_METADATA + 1)
+                        if len(text) > MAX_METADATA:
+                            raise RemoteWheelError(f"{url}: {member} is over {MAX_METADATA // 2**20} MiB")
+                        return text.decode("utf-8")
     except (httpx.HTTPError, zipfile.BadZipFile, KeyError, ValueError, UnicodeDecodeError) as exc:
         raise RemoteWheelError(f"{url}: {exc}") from exc
     raise RemoteWheelError(f"{url}: no {name} dist-info/METADATA in the wheel")
