@@ -1063,7 +1063,7 @@ def test_an_index_that_sends_more_than_the_range_is_read_no_further(tmp_path: Pa
     def read() -> None:
         try:
             wheel_metadata(f"http://127.0.0.1:{server.server_address[1]}/x.whl", "x", size=100_000_000)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             outcome.append(exc)
 
     reader = threading.Thread(target=read, daemon=True)
