@@ -300,6 +300,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_dict() for r in found], indent=2))
     else:
         print(strip_terminal_controls(render_text(found, rows)))  # a row's text never drives the terminal
+        if args.store is None:  # the published rows: the pre-flight's track record, with the recommendation
+            from servematrix.report.history.track import published_line
+
+            print(published_line(PUBLISHED_SITE, rows))
     return 0
 
 

@@ -287,3 +287,11 @@ def test_the_track_record_from_the_published_h200_rows():
 
     # The published record as it is: no H200 row has a CPU prediction of the same inputs yet.
     assert track.track_record(None, published_rows(published)).line().endswith("(insufficient data)")
+
+
+def test_recommend_shows_the_track_record_of_the_published_site(project: Path, capsys: pytest.CaptureFixture[str]):
+    write_lock(project, {"torch": "2.9.1"})
+    publish(project, "r0", "2026-01-01T00:00:00+00:00", "pass")
+    capsys.readouterr()
+    assert main(["recommend"]) == 0
+    assert "CPU predictions confirmed on a GPU: no cell has both" in capsys.readouterr().out

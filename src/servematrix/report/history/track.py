@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from servematrix.report.escape import code, text
-from servematrix.report.history.record import decided_on, entry_of, known_same, verdict_kind
+from servematrix.report.history.record import HISTORY, decided_on, entry_of, known_same, load_history, verdict_kind
 from servematrix.store.rowschema import Row
 
 
@@ -134,3 +135,12 @@ def track_record_markdown(history: Mapping[str, Any] | None, rows: Sequence[Row]
             f"run {code(str(o.get('run_id')))})"
         )
     return "\n".join(lines) + ("\n" if found.contradicted else "")
+
+
+def published_line(site: Path, rows: Sequence[Row]) -> str:
+    """The track record of a published site (its `results/history.json`; none yet: no pair) for `recommend`."""
+    try:
+        found = load_history(site / HISTORY)
+    except (OSError, ValueError):
+        found = None
+    return track_record(found, rows).line()
