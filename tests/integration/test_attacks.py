@@ -1085,3 +1085,27 @@ def test_a_metadata_that_inflates_past_the_bound_is_not_read(tmp_path: Path, mon
         out.writestr("demo_pkg-1.0.dist-info/METADATA", "Name: demo-pkg\n" + "x" * 1_000_000)
     with serve(tmp_path, RangeHandler) as (base, _), pytest.raises(remotewheel.RemoteWheelError, match="over"):
         remotewheel.wheel_metadata(f"{base}/{wheel.name}", "demo-pkg", size=wheel.stat().st_size)
+
+
+# ------------------------------------------------------------------------ Low: crafted sglang sources
+
+
+def test_a_server_args_of_200k_terms_is_unreadable_not_a_recursion_error():
+    from servematrix.engines.sglang.flagreader import SourceReader, UnreadableSource
+
+    sources = {"sglang/srt/server_args.py": "x = " + " + ".join(["a"] * 200_000) + "\n"}
+    with pytest.raises(UnreadableSource):
+        SourceReader(sources).collect()
+
+
+def test_bases_named_again_and_again_are_walked_once():
+    from servematrix.engines.sglang.flagreader import SourceReader
+
+    lines = ["class C0:\n    f0: int\n"]
+    for level in range(1, 7):  # each class names the one below six times (10 levels took hours)
+        lines.append(f"class C{level}({', '.join([f'C{level - 1}'] * 6)}):\n    f{level}: int\n")
+    reader = SourceReader({"m.py": "".join(lines)})
+    mod = reader.module("m")
+    assert mod is not None
+    fields = [node.target.id for node, _ in reader._record_fields(mod.classes["C6"], mod, depth=0)]  # type: ignore[attr-defined]
+    assert fields == [f"f{level}" for level in range(7)]

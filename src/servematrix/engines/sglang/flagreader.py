@@ -80,7 +80,7 @@ class SourceReader:
     def _parse(self, path: str, dotted: str) -> _Module | None:
         try:
             tree = ast.parse(self.sources[path], filename=path)
-        except SyntaxError:
+        except (SyntaxError, RecursionError, MemoryError):  # a crafted expression of 200k terms: RecursionError
             return None
         mod = _Module(path=path, name=dotted, tree=tree)
         package = dotted if path.endswith("__init__.py") else dotted.rpartition(".")[0]
@@ -202,20 +202,25 @@ class SourceReader:
                 continue
             self._add_field(name, field_node.annotation, field_mod)
 
-    def _record_fields(self, cls: ast.ClassDef, mod: _Module, *, depth: int) -> Iterator[tuple[ast.AnnAssign, _Module]]:
-        if depth > 8:
+    def _record_fields(
+        self, cls: ast.ClassDef, mod: _Module, *, depth: int, seen: set[tuple[str, str]] | None = None
+    ) -> Iterator[tuple[ast.AnnAssign, _Module]]:
+        # Each class once: a base named twice, at every level, made this walk exponential (10 bases: hours).
+        seen = set() if seen is None else seen
+        if depth > 8 or (mod.name, cls.name) in seen:
             return
+        seen.add((mod.name, cls.name))
         for base in cls.bases:  # inherited fields first, as dataclasses and msgspec order them
             found = self.find_class(base, mod)
             if found is not None:
-                yield from self._record_fields(*found, depth=depth + 1)
+                yield from self._record_fields(*found, depth=depth + 1, seen=seen)
         for node in cls.body:
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 yield node, mod
         if cls.name == ENTRY_CLASS:
             # 0.5.20+: ServerArgs is assembled from namespace classes passed to collect_input_fields(...).
             for source_cls, source_mod in self._namespace_classes(mod):
-                yield from self._record_fields(source_cls, source_mod, depth=depth + 1)
+                yield from self._record_fields(source_cls, source_mod, depth=depth + 1, seen=seen)
 
     def _namespace_classes(self, mod: _Module) -> Iterator[tuple[ast.ClassDef, _Module]]:
         for node in mod.tree.body:
