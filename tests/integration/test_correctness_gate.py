@@ -78,3 +78,33 @@ def test_a_later_run_checks_a_mode_against_the_stored_baseline(monkeypatch, tmp_
     assert list(first.verdicts.values()) == ["pass"]
     later = _run(tmp_path, _FaultyModeBackend(tmp_path), select="short")  # the faulty mode alone, later
     assert list(later.verdicts.values()) == ["fail:wrong-output"]
+
+
+class _StopsAtThirdStart(_HealthyBackend):
+    """The run is stopped (as a job's time limit would) when the third server start is launched."""
+
+    launches = 0
+
+    def launch(self, built, argv, env, port, *, model_dir):
+        type(self).launches += 1
+        if type(self).launches == 3:
+            raise KeyboardInterrupt
+        return super().launch(built, argv, env, port, model_dir=model_dir)
+
+
+def test_a_run_stopped_between_starts_keeps_the_figures_of_the_starts_that_ended(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(TOY_ENGINES))
+    matrix = tmp_path / "toy.toml"
+    matrix.write_text(
+        TOY_MATRIX.replace('toyserve = ["1.4", "2.1"]', 'toyserve = ["2.1"]').replace(
+            "prompts_per_concurrency = 2", "prompts_per_concurrency = 2\nstarts = 2"
+        )
+    )
+    options = RunOptions(stages=("build", "serve", "bench"), store=tmp_path / "s.sqlite", workdir=tmp_path / "w")
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        run_plan(make_plan(matrix), _StopsAtThirdStart(tmp_path), options, console=Console(file=io.StringIO()))
+    with Store(tmp_path / "s.sqlite") as store:
+        rows = {r["mode"]: r for r in store.all_rows()}
+    for mode in ("short", "long"):  # each served once before the stop: its start's figures are in its row
+        metrics = rows[mode]["metrics"]
+        assert metrics["levels"][0]["runs"] and metrics["correctness"]["key"]["prompt_set"] == "greedy-v1"

@@ -68,6 +68,8 @@ class CellServer:
     answers: dict[correctness.CorrectnessKey, dict[int, list[correctness.Answer]]] = dataclasses.field(
         default_factory=dict
     )
+    # Each cell's figures of the starts that ended, by cell id (see `serve_once`).
+    measured: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     @property
     def starts(self) -> int:
@@ -93,9 +95,17 @@ class CellServer:
         model_dir = self.model_dir(built)
         offsets = self.plan.spec.engine.port_offsets(cell.env.version, ranks=cell.env.ranks)
         with ports.reserved_port(offsets, host="127.0.0.1") as port:
-            return self._serve_on(
+            served = self._serve_on(
                 cell, built, port, model_dir=model_dir, start=start, stage_seconds=stage_seconds, row=row
             )
+        if served.metrics is not None:
+            # The figures of the starts that ended stay in the cell's row as they end: a run stopped before the
+            # cell's last start (a job's or a call's time limit) keeps them. The cell's verdict, when it comes,
+            # writes the final record over them.
+            done = self.measured.setdefault(cell.id, [])
+            done.append(served.metrics)
+            self.store.update(self.options.run_id, cell.id, metrics=bench.pool_starts(done))
+        return served
 
     def _serve_on(
         self,
