@@ -1109,3 +1109,31 @@ def test_bases_named_again_and_again_are_walked_once():
     assert mod is not None
     fields = [node.target.id for node, _ in reader._record_fields(mod.classes["C6"], mod, depth=0)]  # type: ignore[attr-defined]
     assert fields == [f"f{level}" for level in range(7)]
+
+
+# ------------------------------------------------------------------------ Low: the bench client
+
+
+def _exchange_of(raw: bytes) -> Any:
+    from servematrix.stages.bench_worker import _Exchange
+
+    loop = asyncio.new_event_loop()
+    try:
+        ex = _Exchange("chat", True, loop.create_future())
+        ex.feed(raw, 0.0)
+        return ex
+    finally:
+        loop.close()
+
+
+def test_an_interim_100_continue_is_not_the_answer():
+    body = b'data: {"choices": [{"delta": {"content": " hi"}}]}\n\ndata: [DONE]\n\n'
+    final = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    ex = _exchange_of(b"HTTP/1.1 100 Continue\r\n\r\n" + final)
+    assert ex.status == 200 and ex.failure is None and ex.body_done and "".join(ex.parts) == " hi"
+
+
+def test_usage_nested_200k_deep_is_a_protocol_error_of_that_request():
+    body = b'data: {"choices": [], "usage": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n\n"
+    ex = _exchange_of(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert ex.failure is not None and ex.failure[0] == "protocol"

@@ -170,6 +170,11 @@ class _Exchange:
                     return
                 self._parse_head(head[:end])
                 data = head[end + 4 :]
+                if 100 <= self.status < 200:  # an interim answer (100 Continue): the final one follows
+                    self.status, self._head = 0, b""
+                    if data:
+                        self.feed(data, now)
+                    return
             if self._framing == "chunked":
                 body = self._dechunk(data)
             elif self._framing == "length":
@@ -186,7 +191,8 @@ class _Exchange:
                     self.error_body += body
             if self.body_done:
                 self._finish(now)
-        except (_ProtocolError, ValueError, AttributeError, TypeError) as exc:  # bad framing, JSON or shape
+        # bad framing, JSON or shape (usage nested 200k deep: RecursionError)
+        except (_ProtocolError, ValueError, AttributeError, TypeError, RecursionError) as exc:
             self.fail("protocol", f"{type(exc).__name__}: {exc}")
 
     def _parse_head(self, head: bytes) -> None:
