@@ -138,6 +138,17 @@ def test_flaky_figures_and_identical_runs_are_compressed():
     )
 
 
+def test_a_cells_timeline_names_the_release_a_stored_bisection_named():
+    from servematrix.report.bisectnote import NOTE_PREFIX
+    from servematrix.report.history.page import timeline
+
+    note = "sglang 0.5.13 is the first release that fails (0.5.12 passes)"
+    shown = timeline(
+        {"entries": [{"verdict": "fail:x", "date": "d", "category": "new"}]}, {"evidence": [NOTE_PREFIX + note]}
+    )
+    assert shown is not None and shown["bisected"] == [note] and shown["entries"][0]["verdict"] == "fail:x"
+
+
 def row(cell: str, run: str, day: int, verdict: str, **extra: Any) -> Row:
     return Row(
         values={
