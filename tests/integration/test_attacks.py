@@ -12,6 +12,7 @@ import asyncio
 import http.server
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -1137,3 +1138,20 @@ def test_usage_nested_200k_deep_is_a_protocol_error_of_that_request():
     body = b'data: {"choices": [], "usage": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n\n"
     ex = _exchange_of(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     assert ex.failure is not None and ex.failure[0] == "protocol"
+
+
+# ------------------------------------------------------------------------ Low: bidi and overflow on the page
+
+
+def test_a_bidi_override_is_dropped_and_a_long_verdict_badge_cut(project: Path):
+    long_verdict = "fail:" + "x" * 200  # (3000 characters also make a failure page name too long: one line)
+    store = make_store(
+        project / "s.sqlite",
+        values("a", excerpt="\u202eyek-ipa-- was here", verdict="fail:server-timeout", metrics=None),
+        values("b", env_id="env-b", verdict=long_verdict, metrics=None),
+    )
+    assert main(["report", "--store", str(store), "--out", "out"]) == 0
+    page = (project / "out" / "compatibility.html").read_text()
+    assert "\u202e" not in page and "yek-ipa-- was here" in page
+    assert long_verdict[:79] + "…</" in page
+    assert not re.search(r'class="badge[^>]*>' + long_verdict, page)

@@ -17,6 +17,7 @@ any merged store, and mkdocs passes raw HTML in Markdown through.
 from __future__ import annotations
 
 import base64
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from servematrix.classify import Signature, load_signatures
 from servematrix.classify.fixes import package_fixes
@@ -166,8 +168,18 @@ def _environment(**options: Any) -> jinja2.Environment:
 
 
 def _html_environment() -> jinja2.Environment:
-    """For the HTML page: every `{{ }}` HTML-escaped (only the page's own CSS and JS are marked safe)."""
-    return _environment(autoescape=True)
+    """For the HTML page: every `{{ }}` HTML-escaped (only the page's own CSS and JS are marked safe), and without
+    bidirectional controls: a U+202E in a field reversed the page's own text around it."""
+    return _environment(autoescape=True, finalize=_no_bidi)
+
+
+_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _no_bidi(value: Any) -> Any:
+    if isinstance(value, str) and not isinstance(value, markupsafe.Markup) and _BIDI_CONTROLS.search(value):
+        return _BIDI_CONTROLS.sub("", value)
+    return value
 
 
 def _markdown_environment() -> jinja2.Environment:
