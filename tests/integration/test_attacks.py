@@ -1155,3 +1155,23 @@ def test_a_bidi_override_is_dropped_and_a_long_verdict_badge_cut(project: Path):
     assert "\u202e" not in page and "yek-ipa-- was here" in page
     assert long_verdict[:79] + "…</" in page
     assert not re.search(r'class="badge[^>]*>' + long_verdict, page)
+
+
+# ------------------------------------------------------------------------ Low: values that reach CI scripts
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('python = "3.11"', 'python = "3.11\\nmatrix={}\\njobs=0"'),  # a line of its own in $GITHUB_OUTPUT
+        ("timeout_minutes = ", "timeout_minutes = 9999999 # "),  # GitHub's timeout-minutes, sbatch --time
+    ],
+)
+def test_a_matrix_value_that_reaches_a_ci_script_is_bounded(
+    project: Path, capsys: pytest.CaptureFixture[str], old: str, new: str
+):
+    text = (REPO / MATRIX).read_text()
+    assert old in text
+    (project / "m.toml").write_text(text.replace(old, new, 1))
+    assert main(["plan", "m.toml", "--format", "github"]) == 2
+    assert "m.toml" in one_error_line(capsys)

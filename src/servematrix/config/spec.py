@@ -93,7 +93,8 @@ class GpuKind(_Strict):
     sku: str = ""
     runner_labels: list[str] = []
     platform: str = DEFAULT_PLATFORM
-    timeout_minutes: int = Field(default=120, gt=0)
+    # It becomes GitHub's timeout-minutes and sbatch's --time: at most the longest job a self-hosted runner runs.
+    timeout_minutes: int = Field(default=120, gt=0, le=7200)
     args: list[str] = []
     args_by_release: list[ReleaseArgs] = []
     env: dict[str, str] = {}
@@ -180,7 +181,8 @@ class BenchSpec(_Strict):
 class SpecFile(_Strict):
     engine: str
     description: str = ""
-    python: str = "3.12"
+    # A version (`3.12`, `3.12.4`): it reaches uv's command line and a workflow's step outputs as it is written.
+    python: str = Field(default="3.12", pattern=r"^3\.\d{1,2}(\.\d{1,3})?$")
     model: ModelSpec
     # Package axes: any package's version, beside the engine's own axes (e.g. kernels = ["locked", "0.14.1"]).
     # A version is a resolver override, recorded as a crossed pin; `locked` leaves the package to the resolver.
