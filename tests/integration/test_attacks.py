@@ -1175,3 +1175,38 @@ def test_a_matrix_value_that_reaches_a_ci_script_is_bounded(
     (project / "m.toml").write_text(text.replace(old, new, 1))
     assert main(["plan", "m.toml", "--format", "github"]) == 2
     assert "m.toml" in one_error_line(capsys)
+
+
+# ------------------------------------------------------------------------ Low: leftovers of a SIGKILLed harness
+
+
+def test_the_ceilings_fake_server_ends_with_a_sigkilled_harness(tmp_path: Path):
+    import signal
+
+    import psutil
+
+    starts_the_fake = (  # as the ceiling starts it (stages/bench/ceiling.py), in its own session
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-m', 'servematrix.stages.bench_fake', '--port', '0', '--processes', '2'],"
+        " stdout=subprocess.PIPE, text=True, start_new_session=True); "
+        "print(p.pid, p.stdout.readline(), flush=True); time.sleep(60)"
+    )
+    harness = subprocess.Popen([sys.executable, "-c", starts_the_fake], stdout=subprocess.PIPE, text=True)
+    assert harness.stdout is not None
+    fake = int(harness.stdout.readline().split()[0])
+    tree = [psutil.Process(fake), *psutil.Process(fake).children(recursive=True)]
+    harness.send_signal(signal.SIGKILL)
+    harness.wait()
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    for proc in alive:
+        proc.kill()
+    assert not alive
+
+
+def test_reservation_files_of_dead_harnesses_are_swept(tmp_path: Path):
+    from servematrix.run import ports
+
+    (tmp_path / "41234").write_text(str(_dead_pid()))
+    with ports.reserved_port((), folder=tmp_path):
+        pass
+    assert not (tmp_path / "41234").exists() and list(tmp_path.iterdir()) == []

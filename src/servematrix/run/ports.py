@@ -27,6 +27,7 @@ import psutil
 MAX_PORT = 65535
 LOWEST = 20000  # above the usual service ports; below the ephemeral range the kernel hands out
 ATTEMPTS = 200
+MAX_SWEPT = 1000  # reservation files looked at per reservation for a dead holder
 
 
 class NoPortError(RuntimeError):
@@ -82,6 +83,8 @@ def reserved_port(offsets: Iterable[int] = (), host: str = "127.0.0.1", *, folde
     if not private:
         yield pick_port(offsets, host)
         return
+    for leftover in list(folder.iterdir())[:MAX_SWEPT]:  # what SIGKILLed harnesses left: files of dead holders
+        _holder_gone(leftover)
     for _ in range(ATTEMPTS):
         port = pick_port(offsets, host)
         held = _hold(folder, [port, *(port + o for o in offsets)])

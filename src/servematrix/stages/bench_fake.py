@@ -27,6 +27,7 @@ kernel spreads connections over the processes and the fake does not become the b
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import random
@@ -490,7 +491,18 @@ def _listeners(host: str, port: int, count: int) -> list[socket.socket]:
     return socks
 
 
+def _end_with_parent() -> None:
+    """Die with the process that started it (PR_SET_PDEATHSIG: SIGTERM, which stops every server process): a
+    harness SIGKILLed while it measured its ceiling left this listening for ever."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG (linux/prctl.h)
+    if os.getppid() != parent:  # gone already
+        os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
+    _end_with_parent()
     p = argparse.ArgumentParser(description="A fake OpenAI-compatible streaming server (for tests and ceilings).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
