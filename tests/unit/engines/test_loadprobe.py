@@ -95,6 +95,35 @@ def test_the_module_build_reached_says_how_far_and_is_not_a_failure():
     assert "one rank" in result.evidence[0] and "1 stubbed op(s)" in result.evidence[0]
 
 
+def test_a_model_the_locked_transformers_does_not_know_is_the_classifiers_model_unsupported():
+    message = "The checkpoint you are trying to load has model type `glm_moe_dsa` but Transformers does not recognize this architecture."
+    answer = {
+        **CUTLASS_0512,
+        "error": {
+            "type": "ValueError",
+            "message": message,
+            "frames": [{"file": "transformers/models/auto/configuration_auto.py", "line": 1, "function": "f"}],
+        },
+    }
+    assert str(verdict_of(LoadResult.from_json(answer), arch="12.0")) == "predicted-fail:model-unsupported"
+
+
+def test_a_flag_the_releases_argparse_refuses_is_an_unknown_flag():
+    error = {
+        "type": "UsageError",
+        "message": "sglang.launch_server: error: unrecognized arguments: --x",
+        "frames": [{"file": "/x/engines/sglang/load_script.py", "line": 9, "function": "error"}],
+    }
+    answer = {
+        "steps": [{"name": "server-args", "ok": False, "detail": ""}],
+        "reached": None,
+        "faked": [],
+        "error": error,
+    }
+    result = verdict_of(LoadResult.from_json(answer), arch="12.0")
+    assert str(result) == "predicted-fail:unknown-flag" and "failed at ServerArgs" in result.evidence[0]
+
+
 def test_an_unknown_error_of_sglang_is_a_generic_load_failure():
     answer = {**CUTLASS_0512, "error": {**CUTLASS_0512["error"], "type": "ValueError", "message": "odd"}}
     assert str(verdict_of(LoadResult.from_json(answer), arch="12.0")) == "predicted-fail:load-failed"

@@ -239,10 +239,19 @@ def _argv_for(argv, model_dir, tp_size=None):
     return out
 
 
+class UsageError(Exception):
+    """The release's argparse refused the argv (what `launch_server` prints before it exits 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
 def server_args_of(argv):
     from sglang.srt.server_args import ServerArgs
 
-    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    parser = _Parser(prog="sglang.launch_server")
     ServerArgs.add_cli_args(parser)
     return ServerArgs.from_cli_args(parser.parse_args(argv))
 
