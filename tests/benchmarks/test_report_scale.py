@@ -13,8 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from servematrix.cli import main
 from servematrix.store.store import Store
+
+pytestmark = pytest.mark.slow
 
 SMALL, LARGE = 100, 1500
 
