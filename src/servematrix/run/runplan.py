@@ -88,14 +88,15 @@ def preamble(plan: Plan, options: RunOptions) -> list[str]:
 
 
 def argv_secret_notes(plan: Plan) -> list[str]:
-    """A line per secret flag a server gets in its argv (`***` filled from SERVEMATRIX_SECRET_*): no engine
-    servematrix knows reads these from a variable or a file, so the value is in the server's process list, where
-    another user of the host can read it (`ps`). It is never logged, stored nor published."""
+    """A line per secret flag a server gets in its argv (`***` filled from SERVEMATRIX_SECRET_*): servematrix knows
+    no variable or file an engine reads these from, so the value is in the server's process list, where another
+    user of the host can read it (`ps`). It is never logged, stored nor published."""
     flags = spec_secret_flags(plan.spec)
     args = [*plan.spec.file.server.args, *(a for kind in plan.spec.file.gpu.values() for a in kind.args)]
     return [
-        f"note: {flag}'s value (from {secret_variable(flag)}) is in the server's argv: {plan.spec.engine.name} reads "
-        "it from no variable or file, so another user of this host can read it with `ps` while the server runs"
+        f"note: {flag}'s value (from {secret_variable(flag)}) is in the server's argv (servematrix knows no variable "
+        f"or file {plan.spec.engine.name} reads it from): another user of this host can read it with `ps` while the "
+        "server runs"
         for flag in placeholder_flags(args, flags)
     ]
 
