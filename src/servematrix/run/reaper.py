@@ -19,7 +19,7 @@ import psutil
 
 from servematrix.run import hostinfo
 from servematrix.stages import serve
-from servematrix.store.store import Store, harness_alive
+from servematrix.store.store import Row, Store, harness_alive
 
 
 def reap_orphans(store: Store) -> list[int]:
@@ -44,7 +44,7 @@ def reap_orphans(store: Store) -> list[int]:
 _START_SLACK_S = 2.0  # started_at has one-second resolution
 
 
-def _our_servers(row: Mapping[str, Any]) -> list[psutil.Process]:
+def _our_servers(row: Row | Mapping[str, Any]) -> list[psutil.Process]:
     """The processes of a row's server that this harness started: the recorded leader (its argv too) and its
     descendants, and the members of its group (the leader may be gone, its workers not), each one carrying
     the row's marker and younger than the row."""

@@ -176,7 +176,7 @@ def reused_note(row: Row | Mapping[str, Any]) -> str:
     return f"{REUSED_PREFIX}{day}, decided on a CPU (run {row.get('run_id')})"
 
 
-def was_reused(row: Mapping[str, Any]) -> bool:
+def was_reused(row: Row | Mapping[str, Any]) -> bool:
     """Whether a stored row is a published verdict a run reused, not a run that decided its cell: for
     `--fresh`, no finished run."""
     evidence = row.get("evidence") or []
