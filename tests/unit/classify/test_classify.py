@@ -80,7 +80,12 @@ SGLANG_CASES = [
     ("dynamo-untraceable-frames-only-sglang-0.5.11.log", "dynamo-untraceable", 37, ("flashinfer fp4 JIT", FP4_FRAMES)),
     ("dynamo-untraceable-truncated-sglang-0.5.11.log", "dynamo-untraceable", 37, ("flashinfer fp4 JIT", FP4_FRAMES)),
     ("model-unsupported-sglang-0.5.8.log", "model-unsupported", 27, ("model type glm_moe_dsa",)),
-    ("moe-runner-unsupported-sglang-0.5.12.log", "moe-runner-unsupported", 22, ("MoE runner MoeRunnerBackend.CUTLASS",)),
+    (
+        "moe-runner-unsupported-sglang-0.5.12.log",
+        "moe-runner-unsupported",
+        22,
+        ("MoE runner MoeRunnerBackend.CUTLASS",),
+    ),
 ]
 
 TRANSFORMERS_CASES = [

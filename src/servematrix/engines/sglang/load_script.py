@@ -372,7 +372,7 @@ def _distributed(run):
             run.fake(f"sglang's parallel context not overridden ({type(exc).__name__}: {str(exc)[:120]})")
 
 
-SKIPPED_MODELS = []  # model modules sglang's registry could not import here, with why (its own log line)
+SKIPPED_MODELS: list[str] = []  # model modules sglang's registry could not import here, with why (its own log line)
 
 
 def _watch_registry():
@@ -515,7 +515,7 @@ def probe(request, faked):
         if isinstance(exc, KeyboardInterrupt):
             raise
         run.fail(step, exc)
-        if step == "architecture" and SKIPPED_MODELS:
+        if step == "architecture" and SKIPPED_MODELS and run.error is not None:
             run.error["skipped_models"] = list(SKIPPED_MODELS)
     return run.result(started)
 
