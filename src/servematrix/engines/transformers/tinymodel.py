@@ -34,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -355,28 +356,33 @@ def build(
             "special_token_ids": ids,
             "files": files,
         }
-        (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-
-        # mkdtemp creates 0700 and safetensors 0600: make the model readable by a container's other user.
-        tmp.chmod(0o755)
-        for p in tmp.iterdir():
-            p.chmod(0o644)
-        if out.exists():
-            # Checked again: the build took a while, and only our own output may be replaced.
-            problem = not_replaceable(out)
-            if problem:
-                raise NotReplaceableError(problem)
-            shutil.rmtree(out, ignore_errors=True)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            # A concurrent builder renamed its (identical) result into place first.
-            if not is_built(out, seed, size):
-                raise
+        put_in_place(tmp, out, marker, built=lambda: is_built(out, seed, size))
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def put_in_place(tmp: Path, out: Path, marker: dict, *, built: Callable[[], bool]) -> None:
+    """A model built in `tmp` beside `out`, with its marker, moved over `out` in one rename: never over what this
+    builder did not make. `built` says whether a concurrent builder's identical result is already there."""
+    (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    # mkdtemp creates 0700 and safetensors 0600: make the model readable by a container's other user.
+    tmp.chmod(0o755)
+    for p in tmp.iterdir():
+        p.chmod(0o644)
+    if out.exists():
+        # Checked again: the build took a while, and only our own output may be replaced.
+        problem = not_replaceable(out)
+        if problem:
+            raise NotReplaceableError(problem)
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        # A concurrent builder renamed its (identical) result into place first.
+        if not built():
+            raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -282,20 +282,7 @@ def build(out_dir, seed: int = DEFAULT_SEED, *, force: bool = False, size: str =
             "special_token_ids": ids,
             "files": files,
         }
-        (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-        tmp.chmod(0o755)
-        for p in tmp.iterdir():
-            p.chmod(0o644)
-        if out.exists():
-            problem = tinymodel.not_replaceable(out)
-            if problem:
-                raise tinymodel.NotReplaceableError(problem)
-            shutil.rmtree(out, ignore_errors=True)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            if not is_built(out, seed, size):
-                raise
+        tinymodel.put_in_place(tmp, out, marker, built=lambda: is_built(out, seed, size))
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
