@@ -33,7 +33,9 @@ def _uv_sequential(requests) -> tuple[float, dict[str, tuple[str, str]]]:
     outcomes: dict[str, tuple[str, str]] = {}
     started = time.perf_counter()
     for req in requests:
-        command = resolve_stage.lock_header(req, crossed={}, resolver="").command
+        # As the lock's header gives it: `--exclude-newer` at the release's publication for an `as-released` one.
+        exclude_newer = resolve_stage._exclude_newer(req)
+        command = resolve_stage.lock_header(req, crossed={}, resolver="", exclude_newer=exclude_newer).command
         with tempfile.TemporaryDirectory(prefix="uv-sequential-") as tmp:
             work = Path(tmp)
             (work / "requirements.in").write_text("\n".join(req.requirements) + "\n", encoding="utf-8")

@@ -21,6 +21,8 @@ def test_lock_json_contract_and_crossings(tmp_path, capsys):
             "sglang=0.5.9|0.5.12",
             "--select",
             "gpu=b200",
+            "--select",
+            "resolution=today",
             "--out",
             str(tmp_path),
             "--format",
