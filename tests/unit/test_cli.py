@@ -32,7 +32,8 @@ def test_plan_json_contract_shape(capsys):
     assert cells
     for cell in cells:
         assert set(cell) == {"id", "env_id", "engine", "mode", "axes", "applicable", "reason", "command", "requires"}
-        assert set(cell["axes"]) == {"sglang", "torch", "flashinfer", "cuda", "gpu"}
+        # The engine's axes and the GPU kind, plus the axes the matrix declares (a flag axis, `resolution`).
+        assert set(cell["axes"]) == {"sglang", "torch", "flashinfer", "cuda", "gpu", "moe_runner", "resolution"}
         assert set(cell["requires"]) == {"gpu_arch", "gpus"}
         assert isinstance(cell["command"], list)
 

@@ -71,7 +71,7 @@ def test_the_product_matrix_keeps_every_published_cell_id():
     # The ids of the published record (before these axes) are all still planned.
     record = json.loads((MATRIX.parent / "docs/results/latest.json").read_text())["cells"]
     published = {r["cell_id"] for r in record.values() if r["matrix"] == "matrix/glm5-nvfp4.toml"}
-    assert len(published) == 104 and published <= {c.id for c in cells}
+    assert len(published) >= 104 and published <= {c.id for c in cells}
 
 
 def test_args_by_release_set_a_flag_in_place_for_the_releases_in_range(write_matrix):

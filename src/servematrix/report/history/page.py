@@ -22,7 +22,19 @@ def timeline(cell: Mapping[str, Any] | None, row: Row | Mapping[str, Any]) -> di
     category of its last run and the bisection notes its row carries."""
     bisected = notes([row])
     if not cell or not cell.get("entries"):
-        return {"entries": [], "since": None, "category": None, "why": "", "bisected": bisected} if bisected else None
+        if not bisected:
+            return None
+        # A cell with no history yet but a stored bisection: the same keys, so the page shows the note alone.
+        return {
+            "entries": [],
+            "since": None,
+            "first": "",
+            "dropped": 0,
+            "older": 0,
+            "category": None,
+            "why": "",
+            "bisected": bisected,
+        }
     entries = cell["entries"]
     last = entries[-1]
     shown = []
