@@ -242,7 +242,9 @@ def test_a_year_of_nightly_publishes_of_the_product_matrix_stays_small(tmp_path:
     # The bound per cell, so that it holds as the product matrix grows (104 cells, then 180): measured 2.5 kB and
     # 2.2 kB a cell for a year of nightly runs, 18 kB for the worst case.
     assert nightly < 3_000 * len(template)
-    assert full < 33_000 * len(template) and all(len(c["entries"]) <= history.MAX_ENTRIES for c in worst["cells"].values())
+    assert full < 33_000 * len(template) and all(
+        len(c["entries"]) <= history.MAX_ENTRIES for c in worst["cells"].values()
+    )
 
 
 def test_an_old_record_without_history_loads_and_starts_from_previous(project: Path):
