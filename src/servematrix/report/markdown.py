@@ -25,6 +25,7 @@ from servematrix.report.escape import code, is_slug, text
 from servematrix.report.rows import (
     comparison,
     deciding_evidence,
+    measured_notes,
     prefill_input_len,
     speedup_text,
     tok_s,
@@ -67,6 +68,7 @@ def reproduce(row: Row) -> str:
     """The command that runs this cell again, on the backend it ran on. Rows stored before the backend was
     recorded name none: the command then picks one (`auto`), rather than naming one that may be wrong."""
     backend = row.get("backend")
+    starts = (row.get("metrics") or {}).get("starts")  # pooled over several server starts: as many again
     command = shlex.join(
         [
             "servematrix",
@@ -75,6 +77,7 @@ def reproduce(row: Row) -> str:
             "--select",
             f"id={row['cell_id']}",
             *(["--backend", str(backend)] if backend else []),
+            *(["--starts", str(starts)] if isinstance(starts, int) and starts > 1 else []),
             "--rerun",
         ]
     )
@@ -335,6 +338,7 @@ def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str]) -> str:
         excerpt = (row.get("excerpt") or "").strip()
         if excerpt and row["verdict"] != "pass":
             lines.append(f"  - evidence: {code(last_line(excerpt))}")
+        lines.extend(f"  - {label}: {text(note)}" for label, note in measured_notes(row))
         lines.append(f"  - reproduce: {code(reproduce(row))}")
     lines.append("\n</details>\n")
     return "\n".join(lines)

@@ -55,7 +55,10 @@ LEVEL_FIELDS = (
 )
 # What a published repeat keeps: the figures a mode is compared on (bench.compare), and its server start.
 RUN_FIELDS = ("repeat", "start", "output_tok_s", "input_tok_s", "ttft", "wall_s", "prompt_tokens")
-METRIC_FIELDS = ("model", "duration_s", "completion_tokens", "error_count", "client")
+METRIC_FIELDS = ("model", "duration_s", "completion_tokens", "error_count", "client", "starts")
+# Each graph capture's seconds from the server log (run/serving.py), pooled and per server start: the start-up
+# cost a mode adds, published beside its figures.
+CAPTURE_FIELDS = ("capture_s", "capture_s_by_start")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,6 +206,12 @@ def _trim_metrics(metrics: Mapping[str, Any] | None, root: Path) -> dict[str, An
         nested = metrics.get(profile)
         if isinstance(nested, Mapping):
             trimmed[profile] = _trim_metrics(nested, root)
+    checked = metrics.get("correctness")
+    if isinstance(checked, Mapping):  # its verdict is published; the answers themselves stay in the store
+        trimmed["correctness"] = {k: v for k, v in checked.items() if k != "answers"}
+    for key in CAPTURE_FIELDS:
+        if key in metrics:
+            trimmed[key] = metrics[key]
     return trimmed
 
 

@@ -62,10 +62,27 @@ def comparison(engine: Engine, first: Row | None, second: Row | None) -> ModeCom
     if first is None or second is None or first["verdict"] != "pass" or second["verdict"] != "pass":
         return None
     try:
-        found = bench.compare(first.get("metrics") or {}, second.get("metrics") or {}, engine.phase_of(second["mode"]))
+        found = bench.compare(
+            first.get("metrics") or {},
+            second.get("metrics") or {},
+            engine.phase_of(second["mode"]),
+            unjudged=unchecked_output(second),
+        )
     except (ValueError, KeyError, TypeError):  # a row from a merged store whose figures are not figures
         return None
     return found if found.headline is not None else None
+
+
+def unchecked_output(row: Row) -> str:
+    """Why a passing mode's speed is not judged: "" when its answers matched the baseline's (`stages/bench/
+    correctness.py`), else what was missing. Rows measured before the check existed have no record of it."""
+    record = (row.get("metrics") or {}).get("correctness")
+    if not isinstance(record, dict):
+        return "output not checked against the baseline's"
+    result = record.get("result")
+    if isinstance(result, dict) and result.get("ok") is True:
+        return ""
+    return "output not checked: no baseline answers to compare with"
 
 
 def speedup_text(found: Speedup, *, bold: bool = True) -> str:
@@ -73,6 +90,36 @@ def speedup_text(found: Speedup, *, bold: bool = True) -> str:
     verdict (`stages/bench/compare.py`)."""
     ratio = f"{found.ratio:.2f}×"
     return f"{'**' + ratio + '**' if bold else ratio} {found.heading} ({found.range_text})"
+
+
+NOT_CHECKED = "correctness: not checked (measured before servematrix checked answers)"
+
+
+def measured_notes(row: Row) -> list[tuple[str, str]]:
+    """A measured row's (label, text) lines for its cell's details: whether its answers were right, and each
+    graph capture's seconds per server start (the start-up cost the mode adds)."""
+    measured = row.get("metrics") or {}
+    if not measured:
+        return []
+    notes: list[str] = []
+    checked = measured.get("correctness")
+    if isinstance(checked, dict) and checked.get("summary"):
+        notes.append(str(checked["summary"]))
+    elif row.get("verdict") == "pass":
+        notes.append(NOT_CHECKED)
+    out: list[tuple[str, str]] = [("correctness", note.removeprefix("correctness: ")) for note in notes]
+    seconds: dict[str, list[str]] = {}
+    for start in measured.get("capture_s_by_start") or [measured.get("capture_s")]:
+        for what, value in start.items() if isinstance(start, dict) else ():
+            seconds.setdefault(str(what), []).append(f"{float(value):.1f}")
+    if seconds:
+        out.append(
+            (
+                "graph capture, s per server start",
+                "; ".join(f"{what} {', '.join(v)}" for what, v in sorted(seconds.items())),
+            )
+        )
+    return out
 
 
 # Evidence lines that say where a result came from rather than what decided it.
@@ -90,4 +137,7 @@ def deciding_evidence(row: Row) -> str:
     """What decided the verdict (a signature's label, a mode's proof), for a table cell: provenance notes (the
     installed set, the lock's differences, the number of starts) stay in the cell's details."""
     evidence = [str(e) for e in row.get("evidence") or [] if not str(e).startswith(PROVENANCE_NOTES)]
+    measured = row.get("metrics") or {}
+    if row.get("verdict") == "pass" and measured and not isinstance(measured.get("correctness"), dict):
+        evidence.insert(1, NOT_CHECKED)  # measured, but nothing says its answers were right
     return ", ".join(e if len(e) <= 90 else e[:89] + "…" for e in evidence[:2])

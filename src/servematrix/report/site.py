@@ -58,7 +58,7 @@ from servematrix.report.regressions import (
     spreads,
     write_export,
 )
-from servematrix.report.rows import comparison, tok_s, ttft_ms, version_key
+from servematrix.report.rows import comparison, measured_notes, tok_s, ttft_ms, version_key
 from servematrix.store.store import Row
 from servematrix.util import atomic_write
 
@@ -427,6 +427,7 @@ def _cell_view(
         "kind": _kind(row),
         "cls": failure_class(str(row["verdict"])),
         "evidence": list(row.get("evidence") or []),
+        "measured": measured_notes(row),
         "prediction": prediction(row),
         "tok_s": [
             {

@@ -30,9 +30,14 @@ from tests.conftest import REPO
 SGLANG = "matrix/synthetic-sglang.toml"
 
 
+# What a passing mode's row stores once its greedy answers matched the baseline's (run/serving.py).
+MATCHED = {"result": {"ok": True, "method": "top-k logprobs", "compared": 16}, "summary": "correctness: 16 match"}
+
+
 def metrics(*levels: tuple[int, float, float, float]) -> dict[str, Any]:
     return {
         "model": "m",
+        "correctness": MATCHED,
         "completion_tokens": 1000,
         "error_count": 0,
         "levels": [
@@ -626,3 +631,67 @@ def test_each_matrix_has_its_own_counts_and_the_one_run_last_leads(tmp_path: Pat
     assert '<p class="summary matrix-counts" data-matrix-total="2">2 cell(s) of this matrix:' in html
     assert "8 cell(s) of this matrix:" in html and "in 2 matrices, the most recently run first" in html
     assert '<p class="no-match" hidden>No cell of this matrix matches the filters' in html
+
+
+def _without_correctness(row_: Row) -> Row:
+    metrics_ = {k: v for k, v in (row_.get("metrics") or {}).items() if k != "correctness"}
+    return Row(values={**row_.values, "metrics": metrics_})
+
+
+def test_a_pass_measured_before_the_correctness_check_is_not_judged_and_says_so(tmp_path: Path):
+    engine = load_engine("sglang")
+    rows = {r["cell_id"]: r for r in sglang_rows()}
+    checked = comparison(engine, rows["c1"], rows["c2"])
+    assert checked is not None and checked.headline is not None
+    assert "output not checked" not in checked.headline.range_text
+    # the same figures from rows stored before servematrix checked answers: shown, never called faster
+    old = {cid: _without_correctness(r) for cid, r in rows.items()}
+    unchecked = comparison(engine, old["c1"], old["c2"])
+    assert unchecked is not None and unchecked.headline is not None
+    assert unchecked.headline.ratio == checked.headline.ratio
+    assert unchecked.headline.verdict == "indeterminate"
+    assert "indeterminate: output not checked against the baseline" in unchecked.headline.range_text
+    # a mode checked against no baseline answers is not judged either
+    no_base = Row(
+        values={
+            **rows["c2"].values,
+            "metrics": {
+                **rows["c2"]["metrics"],
+                "correctness": {
+                    "summary": "correctness: unchecked, no baseline answers for this environment, model and prompt set"
+                },
+            },
+        }
+    )
+    found = comparison(engine, rows["c1"], no_base)
+    assert found is not None and found.headline is not None
+    assert "no baseline answers" in found.headline.range_text  # fmt: skip
+    report = build_report(list(old.values()), tmp_path, baseline=None)
+    text_ = report.markdown.read_text()
+    assert "✅ `pass (correctness: not checked (measured before servematrix checked answers))`" in text_
+    assert "faster" not in text_
+
+
+def test_the_published_record_keeps_each_modes_correctness_and_capture_times_not_its_answers(tmp_path: Path):
+    rows = sglang_rows()
+    c2 = next(r for r in rows if r["cell_id"] == "c2")
+    c2.values["metrics"] = {
+        **c2["metrics"],
+        "correctness": {**MATCHED, "answers": {"1": [{"tokens": ["a"], "top": []}]}},
+        "capture_s": {"piecewise CUDA graph": 6.8},
+        "capture_s_by_start": [{"piecewise CUDA graph": 6.8, "cuda graph": 64.5}, {"piecewise CUDA graph": 8.3}],
+    }
+    first = build_report(rows, tmp_path / "a", baseline=None)
+    export = load_export(first.results)
+    assert export is not None
+    published = export["cells"]["c2"]["metrics"]
+    assert published["correctness"] == MATCHED  # the verdict, not the answers (those stay in the store)
+    assert published["capture_s_by_start"][1] == {"piecewise CUDA graph": 8.3}
+    text_ = first.markdown.read_text()
+    assert "  - correctness: 16 match" in text_
+    assert "  - graph capture, s per server start: cuda graph 64.5; piecewise CUDA graph 6.8, 8.3" in text_
+    html = first.html.read_text()
+    assert "<dt>graph capture, s per server start</dt><dd>cuda graph 64.5; piecewise CUDA graph 6.8, 8.3</dd>" in html
+    # rendered again from the published record alone, the page is the same
+    again = build_report(published_rows(export), tmp_path / "b", baseline=None)
+    assert again.markdown.read_text() == text_

@@ -146,3 +146,19 @@ def test_old_records_without_input_tok_s_still_compare():
                 del run["input_tok_s"]
     found = bench.speedup(base, treat, 1, metric="input_tok_s")
     assert found.baseline_repeats == 2 and found.ratio > 0
+
+
+def test_a_mode_whose_answers_were_not_checked_is_never_called_faster():
+    # A speed is judged only after the answers matched the baseline's: the ratio and interval stay, the verdict
+    # does not, and no count of further starts is offered (more starts cannot check the answers).
+    base, treat = _report(0.004, repeats=3).to_dict(), _report(0.0005, repeats=3).to_dict()
+    base, treat = bench.pool_starts([base, base]), bench.pool_starts([treat, treat])
+    judged = bench.compare(base, treat, "decode")
+    assert judged.headline is not None and judged.headline.verdict == "faster"
+    unjudged = bench.compare(base, treat, "decode", unjudged="output not checked against the baseline's")
+    headline = unjudged.headline
+    assert headline is not None and headline.verdict == "indeterminate" and headline.ratio == judged.headline.ratio
+    assert (headline.low, headline.high) == (judged.headline.low, judged.headline.high)
+    assert headline.range_text.endswith("indeterminate: output not checked against the baseline's")
+    assert headline.starts_needed is None and headline.plan_text == ""
+    assert all(s.verdict == "indeterminate" for s in unjudged.judged)

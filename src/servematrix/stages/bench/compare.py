@@ -10,7 +10,7 @@ decode figures stand beside a prefill feature's, so a mode that costs decode spe
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from servematrix.stages.bench.interval import PLAN_EFFECT, start_interval, starts_needed
@@ -81,6 +81,9 @@ class Speedup:
     start_spread: float | None = None  # standard deviation of log per-start medians (pooled over both sides)
     starts_needed: int | None = None
     plan_effect: float = PLAN_EFFECT
+    # Why the figure is not judged whatever its interval (the mode's output was not shown to match the baseline's:
+    # a speed is judged only after the answers are right); "" when it is judged.
+    unjudged: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,6 +103,8 @@ class Speedup:
         """Why the figure decides nothing ("" when it is decided)."""
         if not self.inconclusive:
             return ""
+        if self.unjudged:
+            return self.unjudged
         if min(self.baseline_starts, self.treatment_starts) < 2:
             return "one server start per mode"
         return "interval holds 1.0"
@@ -107,8 +112,8 @@ class Speedup:
     @property
     def plan_text(self) -> str:
         """For an indeterminate figure with a measured spread: how many starts would likely resolve it."""
-        if not self.inconclusive or self.start_spread is None:
-            return ""
+        if not self.inconclusive or self.start_spread is None or self.unjudged:
+            return ""  # more starts cannot judge a mode whose answers were not checked
         effect = f"{self.plan_effect:.0%}"
         if self.starts_needed is None:
             return f"a {effect} effect needs more than 1000 starts per mode at this spread"
@@ -265,11 +270,18 @@ def _speedups(baseline: ReportLike, treatment: ReportLike, metric: str) -> tuple
     return tuple(found)
 
 
-def compare(baseline: ReportLike, treatment: ReportLike, phase: str) -> ModeComparison:
-    """``treatment`` (a mode that changes ``phase``) against ``baseline``, from their stored records."""
+def compare(baseline: ReportLike, treatment: ReportLike, phase: str, *, unjudged: str = "") -> ModeComparison:
+    """``treatment`` (a mode that changes ``phase``) against ``baseline``, from their stored records.
+    ``unjudged``: why no figure may be called faster or slower (its output was not shown to match the
+    baseline's); every figure is then indeterminate, with that reason, its ratio and interval still shown."""
     metrics = PHASE_METRICS.get(phase)
     if metrics is None:
         raise ValueError(f"compare: phase must be one of {', '.join(PHASE_METRICS)}, got {phase!r}")
     judged = tuple(s for metric in metrics for s in _speedups(baseline, treatment, metric))
     decode = () if phase == "decode" else _speedups(baseline, treatment, "output_tok_s")
+    if unjudged:
+        judged, decode = (
+            tuple(replace(s, verdict="indeterminate", unjudged=unjudged, starts_needed=None) for s in figures)
+            for figures in (judged, decode)
+        )
     return ModeComparison(phase=phase, judged=judged, decode=decode)
