@@ -79,7 +79,7 @@ def _say(line: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from servematrix.backends.registry import select_backend
-    from servematrix.planning.plan import make_plan
+    from servematrix.planning.plan import make_plan, with_starts
     from servematrix.run.pipeline import run_plan
     from servematrix.run.reuse import PUBLISHED
     from servematrix.run.runplan import RunOptions, builds_here, preamble
@@ -89,6 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ[hostinfo.STANDIN_GPUS_ENV] = str(args.standin_gpus)
         hostinfo.host.cache_clear()
     plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
+    if args.starts is not None:
+        plan = with_starts(plan, args.starts)
     report_table = _report_table(args.report) if args.report is not None else None
     if report_table is not None:  # before the run, not after it: a refused report must not cost a run
         from servematrix.report.publish import refuse_published

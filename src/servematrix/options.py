@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.backends.registry import CHOICES as BACKENDS
+from servematrix.config.spec import MAX_STARTS
 from servematrix.errors import InputError
 from servematrix.planning.cells import DEFAULT_MAX_CELLS
 from servematrix.planning.plan import GITHUB_MAX_JOBS
@@ -130,6 +131,13 @@ def at_least_one(name: str, value: int | None) -> int | None:
     if value is not None and value < 1:
         raise InputError(f"{name} must be at least 1")
     return value
+
+
+def server_starts(name: str, value: int | None) -> int | None:
+    """Server starts per mode: within the bound a matrix's `[bench] starts` has."""
+    if value is not None and value > MAX_STARTS:
+        raise InputError(f"{name} must be at most {MAX_STARTS} (the bound of a matrix's [bench] starts)")
+    return at_least_one(name, value)
 
 
 def github_jobs(name: str, value: int | None) -> int | None:
@@ -491,6 +499,16 @@ OPTIONS: tuple[Option, ...] = (
         flags=("--trust-probe",),
         action="store_true",
         help="do not run GPU stages for cells the CPU probe predicts to fail (default: run them to check it)",
+        commands=("run",),
+    ),
+    Option(
+        flags=("--starts",),
+        type=int,
+        metavar="N",
+        help="server starts per mode, interleaved across an environment's modes, instead of the matrix's [bench] "
+        "starts: the unit a speedup's interval counts. An indeterminate figure says how many starts would likely "
+        "resolve it; a different count is a different workload, so its cells run again",
+        check=server_starts,
         commands=("run",),
     ),
     Option(

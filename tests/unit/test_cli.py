@@ -81,3 +81,12 @@ def test_table_format_prints_every_cell(capsys):
     assert main(["plan", str(MATRIX / "cpu-smoke.toml")]) == 0
     out = " ".join(capsys.readouterr().out.split())  # the title may wrap at a narrow terminal
     assert "4 cells" in out and "2 environments" in out
+
+
+def test_starts_outside_the_matrix_bound_exits_2_before_anything_runs(tmp_path, capsys):
+    for given, said in (("0", "at least 1"), ("11", "at most 10")):
+        store = tmp_path / f"s{given}.sqlite"
+        assert main(["run", str(MATRIX / "cpu-smoke.toml"), "--starts", given, "--store", str(store)]) == 2
+        err = capsys.readouterr().err
+        assert f"--starts must be {said}" in err and "Traceback" not in err
+        assert not store.exists()

@@ -148,6 +148,10 @@ class CorrectnessSpec(_Strict):
     accuracy_problems: int = Field(default=50, gt=0, le=10_000)
 
 
+# Server starts per mode: a bound past which a value is a typo (each start of a large model costs minutes).
+MAX_STARTS = 10
+
+
 class BenchSpec(_Strict):
     # The decode profile (the bench's record itself). Upper bounds: what a run can do in hours, not days; a
     # value past them is a typo, refused at its line before anything starts (1e9 prompts used to fail after
@@ -165,7 +169,7 @@ class BenchSpec(_Strict):
     min_level_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     # Server starts per mode, interleaved across an environment's modes (baseline, piecewise, baseline, ...):
     # the spread between starts was larger than the piecewise effect on a real H200.
-    starts: int = Field(default=1, ge=1, le=10)
+    starts: int = Field(default=1, ge=1, le=MAX_STARTS)
     # The client's worker processes, and how many of the host's CPUs they get to themselves (0: no pinning;
     # the server then runs on the rest). Its ceiling is measured on this host before the first cell.
     client_processes: int = Field(default=1, ge=1, le=64)

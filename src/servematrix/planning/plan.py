@@ -11,7 +11,7 @@ import json
 import math
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,15 @@ def plan_spec(
     selection = parse_select(select, select_keys(spec))
     cells = redact_cells(selection.apply(expand(spec, max_cells=max_cells), spec.engine.pins), spec)
     return Plan(spec=spec, cells=tuple(shard(cells, which)))
+
+
+def with_starts(plan: Plan, starts: int) -> Plan:
+    """`plan` with `starts` server starts per mode (`run --starts`) in place of its matrix's `[bench] starts`.
+    The workload is part of each cell's inputs (`run/runplan.inputs_hash`), so finished cells run again."""
+    file = plan.spec.file
+    bench = file.bench.model_copy(update={"starts": starts})
+    spec = plan.spec.model_copy(update={"file": file.model_copy(update={"bench": bench})})
+    return replace(plan, spec=spec)
 
 
 def plan_json(plan: Plan) -> str:

@@ -117,3 +117,18 @@ def test_lock_and_run_reject_a_typo_too(capsys):
     for command in ("lock", "run"):
         assert main([command, str(GLM5), "--select", "gpu=b300"]) == 2
         assert "did you mean 'b200'?" in capsys.readouterr().err
+
+
+def test_starts_from_the_command_line_replace_the_matrixs_and_make_a_new_workload():
+    from servematrix.planning.plan import make_plan, with_starts
+    from servematrix.run.runplan import inputs_hash
+    from tests.conftest import MATRIX
+
+    plan = make_plan(MATRIX / "cpu-smoke.toml")
+    more = with_starts(plan, 3)
+    assert (plan.spec.file.bench.starts, more.spec.file.bench.starts) == (1, 3)
+    assert more.cells == plan.cells  # the same cells, ids unchanged
+    cell = plan.cells[0]
+    # a finished one-start result does not stand for a three-start run
+    assert inputs_hash(more, cell, ("serve", "bench")) != inputs_hash(plan, cell, ("serve", "bench"))
+    assert with_starts(plan, 1).spec.file == plan.spec.file
