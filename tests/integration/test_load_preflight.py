@@ -79,3 +79,25 @@ def test_the_releases_working_recipe_loads_to_the_module_build(release, tmp_path
     result = PREFLIGHTS["load"](_cell_input(version, lockfile, python, tmp_path, "flashinfer_cutlass"))
     assert result is not None and result.kind == "pass", result
     assert result.evidence[0].startswith("load: loaded to the module build for sm_120, 4 of 78 layers")
+
+
+def test_sglangs_own_glm5_class_builds_the_random_glm5_for_hopper(release, tmp_path):
+    """Issue 36's CPU check: the GLM-5-shaped model the H200 lane serves (matrix/h200-glm5.toml, its config from
+    the builder) is built by the release's own GlmMoeDsaForCausalLM for sm_90, with the lane's FlashMLA backends."""
+    version, lockfile, python = release
+    if version != "0.5.12":
+        pytest.skip("matrix/h200-glm5.toml serves sglang 0.5.12 (its --nsa-* flags are --dsa-* from 0.5.15)")
+    plan = make_plan(REPO / "matrix" / "h200-glm5.toml")
+    for cell in plan.cells:
+        result = PREFLIGHTS["load"](
+            PreflightInput(
+                cell=cell,
+                engine=plan.spec.engine,
+                pins=parse_pins(lockfile.read_text()),
+                cache_dir=tmp_path,
+                python=lambda: python,
+                model_config=model_config_dir(plan.spec),
+            )
+        )
+        assert result is not None and result.kind == "pass", (cell.mode, result)
+        assert result.evidence[0].startswith("load: loaded to the module build for sm_90, 2 of 3 layers"), result

@@ -260,7 +260,7 @@ def test_a_probe_that_dies_predicts_nothing(tmp_path):
 
 # ------------------------------------------------------------------------------------ the model config folders
 def test_every_sglang_matrix_names_a_config_folder_that_holds_a_config():
-    for name in ("glm5-nvfp4.toml", "h200-smoke.toml"):
+    for name in ("glm5-nvfp4.toml", "h200-smoke.toml", "h200-glm5.toml"):
         plan = make_plan(MATRIX / name)
         folder = model_config_dir(plan.spec)
         assert folder is not None and (folder / "config.json").is_file() and (folder / "SOURCE.md").is_file()
@@ -282,3 +282,13 @@ def test_the_random_llamas_config_is_what_its_builder_writes():
     for key, value in preset["model_config"].items():
         assert config.get(key, config.get("rope_parameters", {}).get(key)) == value, key
     assert (config["vocab_size"], config["dtype"]) == (tinymodel.VOCAB_SIZE, preset["dtype"])
+
+
+def test_the_random_glm5s_config_is_what_its_builder_writes_with_glm5s_attention():
+    from servematrix.engines.transformers import tinymoe
+
+    config = json.loads((MATRIX / "models" / "random-glm5" / "config.json").read_text())
+    assert config["architectures"] == [tinymoe.ARCHS["glm5"]] and config["model_type"] == "glm_moe_dsa"
+    for key, value in tinymoe.model_fields("glm5-gpu", vocab_size=tinymodel.VOCAB_SIZE).items():
+        assert config[key] == value, key
+    assert config["dtype"] == tinymoe.SIZES["glm5-gpu"]["dtype"]

@@ -61,3 +61,17 @@ def test_the_script_imports_only_the_standard_library_at_load():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_saved_config_loses_only_the_uniform_per_layer_type_lists(tmp_path):
+    # transformers 5.12.1 writes layer_types "deepseek_sparse_attention", which 5.6.0 (sglang 0.5.12) rejects: a model
+    # one environment built must load in another's transformers. A list with a pattern in it stays.
+    path = tmp_path / "config.json"
+    path.write_text(
+        '{"model_type": "glm_moe_dsa", "layer_types": ["deepseek_sparse_attention", "deepseek_sparse_attention"],'
+        ' "indexer_types": ["full", "shared"], "mlp_layer_types": ["dense", "sparse"]}'
+    )
+    tinymoe._portable_config(path)
+    config = __import__("json").loads(path.read_text())
+    assert "layer_types" not in config
+    assert config["indexer_types"] == ["full", "shared"] and config["mlp_layer_types"] == ["dense", "sparse"]

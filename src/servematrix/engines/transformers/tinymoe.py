@@ -39,7 +39,7 @@ try:  # imported as servematrix.<package>.tinymoe
 except ImportError:  # run as a script: tinymodel.py is beside this file, on sys.path[0]
     import tinymodel  # type: ignore[no-redef]
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"  # 2: config.json without the per-layer type lists (`_portable_config`)
 MARKER_NAME = "servematrix-tiny-model.json"
 STACK_IMPORT_EXIT = tinymodel.STACK_IMPORT_EXIT
 DEFAULT_SEED = 0
@@ -206,6 +206,21 @@ def _config(size: str, ids: dict[str, int], vocab_size: int):
     return DeepseekV3Config(**fields, **common)
 
 
+# Per-layer type lists that newer transformers write and older ones reject: 5.12.1 (sglang 0.5.15's lock) writes
+# layer_types "deepseek_sparse_attention", which 5.6.0 (0.5.12's) refuses at ServerArgs ("The `layer_types` entries
+# must be in ..."; the load pre-flight found it). Every layer here is the same, which each version derives itself.
+VERSION_SPECIFIC_LISTS = ("layer_types", "indexer_types")
+
+
+def _portable_config(path: Path) -> None:
+    """Drop the per-layer type lists from a saved config when each holds one value for every layer, so the model
+    that one environment of a matrix built loads in another environment's transformers."""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    uniform = [k for k in VERSION_SPECIFIC_LISTS if isinstance(config.get(k), list) and len(set(config[k])) <= 1]
+    if uniform:
+        path.write_text(json.dumps({k: v for k, v in config.items() if k not in uniform}, indent=2, sort_keys=True) + "\n")
+
+
 def build(out_dir, seed: int = DEFAULT_SEED, *, force: bool = False, size: str = DEFAULT_SIZE) -> Path:
     """Build into ``out_dir`` atomically (a temporary sibling, then a rename); skip when the marker matches."""
     out = Path(out_dir).resolve()
@@ -258,6 +273,7 @@ def build(out_dir, seed: int = DEFAULT_SEED, *, force: bool = False, size: str =
             do_sample=False,
         )
         model.save_pretrained(tmp, safe_serialization=True)
+        _portable_config(tmp / "config.json")
         tokenizer.save_pretrained(tmp)
         files = {p.name: tinymodel._sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         marker = {
