@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The H200 lane on a GPU node that reaches no package index (docs/gpu-runners.md): unpack an sglang package
-# bundle (the packages of a release's lock that the node lacks; never torch, triton or nvidia-*) and write
+# bundle (the packages of a release's lock that the node lacks; never torch, triton or torch's CUDA libraries) and write
 # the interpreter wrappers that `servematrix run --backend existing --python WRAPPER` serves with.
 #
 #   bash ci/gpu/h200-bundle.sh 0.5.12 PARTS_DIR EXTRA_DIR   # PARTS_DIR: site.tar.xz.*; EXTRA_DIR: extra-wheels/
 #                                                           # and override-kernels-0.14.1/
-#   bash ci/gpu/h200-bundle.sh 0.5.15 PARTS_DIR             # one tarball holds everything
+#   bash ci/gpu/h200-bundle.sh 0.5.15 PARTS_DIR             # one tarball holds everything (as
+#                                                           # ci/gpu/make_bundle.py makes one)
 #
 # Writes /tmp/py-<release> (and /tmp/py-0.5.12-kernels-0.14.1) and prints the harness's PYTHONPATH line.
 set -euo pipefail

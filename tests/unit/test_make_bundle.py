@@ -1,0 +1,52 @@
+"""ci/gpu/make_bundle.py: what a GPU node's bundle carries of a release's lock, read from the real 0.5.15 lock
+(tests/integration/test_make_bundle_real.py makes one with uv)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("make_bundle", REPO / "ci" / "gpu" / "make_bundle.py")
+assert _spec is not None and _spec.loader is not None
+make_bundle = importlib.util.module_from_spec(_spec)  # a script of ci/, not a module of the package
+_spec.loader.exec_module(make_bundle)
+
+LOCK_0_5_15 = REPO / "matrix" / "locks" / "9fd74eab7972.lock.txt"  # h200-smoke, sglang 0.5.15
+
+
+def test_the_bundle_carries_the_engine_and_what_the_node_lacks_never_its_cuda_stack(tmp_path: Path):
+    node = tmp_path / "node.txt"
+    # the node's: one at the lock's version, one by name alone, two of the engine's pinned stack
+    node.write_text("# a comment\nfastapi==0.165.0\nnumpy\nkernels==0.17.2\ntransformers\n")
+    carried, skipped = make_bundle.select(LOCK_0_5_15, node)
+    names = {block.split("==")[0] for block in carried}
+    assert {"sglang", "sglang-kernel", "sgl-deep-gemm", "flashinfer-python", "ipython"} <= names
+    # the engine's pinned stack goes first on the path whatever the node has
+    assert {"kernels", "transformers"} <= names
+    assert "fastapi" not in names and "fastapi==0.165.0: the node has it (0.165.0)" in skipped
+    assert "numpy" not in names and any(s.startswith("numpy==") and "its own version" in s for s in skipped)
+    assert not names & {"torch", "triton", "torchvision", "nvidia-cublas", "nvidia-nccl-cu13", "cuda-toolkit"}
+    assert "torch==2.11.0: the node's CUDA stack, never bundled" in skipped
+    assert "nvidia-cudnn-frontend" in names  # an ordinary package, not torch's stack
+    assert not names & {"tilelang", "flash-attn-4", "flashinfer-cubin", "nvidia-cuda-nvcc"}
+    # every carried block keeps the lock's hashes: uv installs it with --require-hashes
+    assert all("--hash=sha256:" in block and not block.endswith("\\") for block in carried)
+    sglang = next(b for b in carried if b.startswith("sglang==0.5.15"))
+    assert sglang.count("--hash=") >= 1
+
+
+def test_a_missing_lock_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    assert make_bundle.main([str(tmp_path / "nope.lock.txt"), str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "nope.lock.txt: no such file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_committed_node_list_keeps_the_h200_bundle_to_what_the_node_lacks():
+    carried, _ = make_bundle.select(LOCK_0_5_15, REPO / "ci" / "gpu" / "h200-node-packages.txt")
+    names = {block.split("==")[0] for block in carried}
+    assert not names & {"numpy", "pandas", "pyarrow", "scipy", "aiohttp", "requests"}  # the node has them
+    assert {"sglang", "fastapi", "ipython", "transformers"} <= names
