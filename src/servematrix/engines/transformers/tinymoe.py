@@ -218,7 +218,9 @@ def _portable_config(path: Path) -> None:
     config = json.loads(path.read_text(encoding="utf-8"))
     uniform = [k for k in VERSION_SPECIFIC_LISTS if isinstance(config.get(k), list) and len(set(config[k])) <= 1]
     if uniform:
-        path.write_text(json.dumps({k: v for k, v in config.items() if k not in uniform}, indent=2, sort_keys=True) + "\n")
+        path.write_text(
+            json.dumps({k: v for k, v in config.items() if k not in uniform}, indent=2, sort_keys=True) + "\n"
+        )
 
 
 def build(out_dir, seed: int = DEFAULT_SEED, *, force: bool = False, size: str = DEFAULT_SIZE) -> Path:
