@@ -217,10 +217,12 @@ def _heat_cell(
     """A square: the median headline speedup of its environments; else why there is none, the most decisive
     reason any of them has (`NO_SPEEDUP` order), with how many of them have it when they differ."""
     found = [comparison(engine, first, second) for first, second in pairs]
-    ratios = [c.headline.ratio for c in found if c is not None and c.headline is not None]
-    if ratios:
-        value = statistics.median(ratios)
-        suffix = f"\n(n={len(ratios)})" if len(ratios) > 1 else ""
+    headlines = [c.headline for c in found if c is not None and c.headline is not None]
+    if headlines:
+        value = statistics.median(h.ratio for h in headlines)
+        suffix = f"\n(n={len(headlines)})" if len(headlines) > 1 else ""
+        if any(h.unjudged for h in headlines):  # a ratio, not a verdict: the mode's answers were not checked
+            suffix += "\nunchecked"
         return _HeatCell(value, f"{value:.2f}×{suffix}", "value")
     statuses = [no_speedup(first, second) for first, second in pairs]
     status = min(statuses, key=list(NO_SPEEDUP).index)

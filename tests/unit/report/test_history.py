@@ -114,10 +114,14 @@ def test_a_sequence_of_publishes_is_sorted_and_the_page_shows_the_timeline(
 
     # Publishing the same run again adds nothing; the latest record kept its shape.
     before = (project / "docs" / "results" / "history.json").read_text()
+    capsys.readouterr()
     assert main(["report", "--publish", "--from-published"]) == 0
-    assert (
-        json.loads((project / "docs" / "results" / "history.json").read_text())["cells"] == json.loads(before)["cells"]
-    )
+    after = json.loads((project / "docs" / "results" / "history.json").read_text())
+    assert after["cells"] == json.loads(before)["cells"] and after["publishes"] == json.loads(before)["publishes"]
+    # ... and the page rendered again (the docs build) still says what the last publish changed.
+    assert "history: the last publish (" in capsys.readouterr().err
+    again = (project / "docs" / "compatibility.md").read_text()
+    assert "rendered again): 1 fixed" in again and "- fixed: `a`: verdict fail:dynamo-untraceable → pass" in again
     assert "history" not in load_export(project / "docs" / "results" / "latest.json")["cells"]["a"]
 
 
@@ -166,6 +170,10 @@ def test_identical_runs_count_on_one_entry_and_the_bound_keeps_since(tmp_path: P
                                 date=f"d{day}", root=tmp_path)  # fmt: skip
     entries = found.history["cells"]["a"]["entries"]
     assert len(entries) == 1 and entries[0]["repeats"] == 30 and entries[0]["last_run_id"] == "r30"
+    # rendered again without a new run: the last publish called the cell unchanged, not what its entry first was
+    again = history.advance(found.history, [row("a", "r30", 30, "unresolvable")], date="later", root=tmp_path)
+    assert entries[0]["category"] == "new" and again.again == "d30"
+    assert again.categories == {"a": ("unchanged", "")} and "rendered again): 1 unchanged" in again.summary()
     for day in range(1, history.MAX_ENTRIES + 11):  # a distinct figure every night: the bound cuts
         m = metrics((day, day + 0.5, day + 1.0))
         found = history.advance(found.history, [row("a", f"s{day}", day % 28 + 1, "pass", metrics=m)],

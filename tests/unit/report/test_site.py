@@ -326,6 +326,11 @@ def test_heatmap_marks_failed_missing_and_measured_squares(tmp_path: Path):
     assert "no GPU" in texts and "n/a" not in joined  # rtx-pro-6000: the host had no such GPU
     assert "gpu b200" in texts and "gpu rtx-pro-6000" in texts
     assert "sglang" in texts and "flashinfer" in texts
+    assert "unchecked" not in texts  # every measured mode's answers matched its baseline's
+    # the same figures from rows measured before the correctness check: the ratio, marked as no verdict
+    (old,) = speedup_heatmaps(SGLANG, [_without_correctness(r) for r in sglang_rows()], tmp_path / "old")
+    old_texts = _svg_texts(old.path)
+    assert "1.26×" in old_texts and "unchecked" in old_texts
 
 
 def test_throughput_plot_has_a_panel_per_measured_environment(tmp_path: Path):

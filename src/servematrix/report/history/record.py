@@ -261,6 +261,8 @@ class Advance:
     history: dict[str, Any]
     categories: Mapping[str, tuple[str, str]]  # cell id -> (category, why), cells with a new run only
     no_new_run: int  # cells published again without a new run
+    # A render with no new run (the docs build) shows the last publish's news again: its date, else None.
+    again: str | None = None
 
     def counts(self) -> dict[str, int]:
         found = {c: 0 for c in CATEGORIES}
@@ -270,6 +272,8 @@ class Advance:
 
     def summary(self) -> str:
         counts = ", ".join(f"{n} {c}" for c, n in self.counts().items() if n)
+        if self.again is not None:
+            return f"history: the last publish ({self.again}, rendered again): {counts} (bound: {MAX_ENTRIES} entries per cell)"
         return (
             f"history: {counts or 'no new run'}"
             + (f"; {self.no_new_run} cell(s) without a new run" if self.no_new_run else "")
@@ -365,8 +369,13 @@ def advance(
         if last is not None and _identical(last, entry):
             last["repeats"] = int(last.get("repeats", 1)) + 1
             last["last_date"], last["last_run_id"] = entry["date"], entry["run_id"]
+            last["published"] = date
+            if (category, why) != (last.get("category"), last.get("why", "")):  # the entry keeps its first
+                last["published_as"] = [category, why]  # what this publish called it
+            else:
+                last.pop("published_as", None)
             continue
-        entry["category"] = category
+        entry["category"], entry["published"] = category, date
         if why:
             entry["why"] = why
         if last is not None and last.get("lock") in locks and pins is not None and last["lock"] != entry["lock"]:
@@ -391,13 +400,29 @@ def advance(
     # The lock versions kept are those the cells' last entries use: the next change is told from them.
     used = {c["entries"][-1].get("lock") for c in cells.values() if c.get("entries")}
     out["locks"] = {k: v for k, v in sorted(locks.items()) if k in used}
+    if not categories:
+        return _again(out, kept)
     advance_ = Advance(history=out, categories=categories, no_new_run=kept)
-    if categories:
-        out["publishes"] = [
-            *out.get("publishes", []),
-            {"date": date, "cells": len(rows), "counts": {c: n for c, n in advance_.counts().items() if n}},
-        ][-MAX_PUBLISHES:]
+    out["publishes"] = [
+        *out.get("publishes", []),
+        {"date": date, "cells": len(rows), "counts": {c: n for c, n in advance_.counts().items() if n}},
+    ][-MAX_PUBLISHES:]
     return advance_
+
+
+def _again(history: dict[str, Any], kept: int) -> Advance:
+    """A render with no new run (the docs build, `report --from-published`): the last publish's categories,
+    read back from the cells' entries it wrote (`published`), so its news stays on the page."""
+    last = (history.get("publishes") or [{}])[-1].get("date")
+    if last is None:
+        return Advance(history=history, categories={}, no_new_run=kept)
+    categories = {}
+    for cell_id, cell in history.get("cells", {}).items():
+        entry = (cell.get("entries") or [{}])[-1]
+        if entry.get("published") == last:
+            category, why = entry.get("published_as") or (entry.get("category"), entry.get("why"))
+            categories[cell_id] = (str(category or "unchanged"), str(why or ""))
+    return Advance(history=history, categories=categories, no_new_run=kept, again=last if categories else None)
 
 
 def _copy(history: Mapping[str, Any]) -> dict[str, Any]:
