@@ -101,13 +101,11 @@ def measured_notes(row: Row) -> list[tuple[str, str]]:
     measured = row.get("metrics") or {}
     if not measured:
         return []
-    notes: list[str] = []
+    out: list[tuple[str, str]] = []
     checked = measured.get("correctness")
-    if isinstance(checked, dict) and checked.get("summary"):
-        notes.append(str(checked["summary"]))
-    elif row.get("verdict") == "pass":
-        notes.append(NOT_CHECKED)
-    out: list[tuple[str, str]] = [("correctness", note.removeprefix("correctness: ")) for note in notes]
+    summary = str(checked.get("summary") or "") if isinstance(checked, dict) else ""
+    if summary or row.get("verdict") == "pass":
+        out.append(("correctness", (summary or NOT_CHECKED).removeprefix("correctness: ")))
     seconds: dict[str, list[str]] = {}
     for start in measured.get("capture_s_by_start") or [measured.get("capture_s")]:
         for what, value in start.items() if isinstance(start, dict) else ():
