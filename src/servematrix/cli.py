@@ -9,7 +9,6 @@ import errno
 import json
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, Parser, add_o
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.run import hostinfo
 from servematrix.store.store import DEFAULT_STORE
+from servematrix.util import interrupt_on_signals
 
 TABLE_NAME = "compatibility.md"
 
@@ -117,14 +117,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     # Only a run that builds an environment uses its backend: naming one that was never tried would mislead.
     _say(f"backend: {backend.name}" if builds else "backend: none used (no environment is built on this host)")
-    # SIGINT and SIGTERM end the run cleanly (servers stopped, cells marked interrupted, exit 130), even when
-    # the harness was started with SIGINT ignored, as a shell's background job is: Python then leaves it so.
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    # SIGINT and SIGTERM end the run cleanly: servers stopped, the programs of worker threads (import checks,
+    # resolutions) killed, cells marked interrupted, exit 130.
+    with interrupt_on_signals():
         summary = run_plan(plan, backend, options)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     regressions = _write_report(store, report_table, args.baseline) if report_table is not None else []
     print(
         f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run ({summary.reused} reused from the published "
@@ -162,10 +158,6 @@ def next_steps(store: Path, *, reported: Path | None) -> list[str]:
     else:
         report = f"report: `{command_hint('report', *store_args)}` writes {PREVIEW_DIR / HTML_NAME}"
     return [report, f"which stack to pick: `{command_hint('recommend', '--store', str(store))}`"]
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _report_table(path: Path) -> Path:

@@ -1,15 +1,19 @@
 """Plumbing that several modules need, written once: atomic file writes, running a program for its output,
-the environment uv runs in, and the last lines of a log.
+an interrupt that reaches worker threads, the environment uv runs in, and the last lines of a log.
 
 Standard library only, and nothing from servematrix: any module may import it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
+import threading
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +24,12 @@ DEFAULT_WORKDIR = Path(".servematrix")
 EXIT_TIMED_OUT = 124
 EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
+
+# Set when SIGINT or SIGTERM interrupts the run (`interrupt_on_signals`). Only the main thread gets the
+# KeyboardInterrupt; a program that a worker thread waits on (`run_captured`) sees this within
+# INTERRUPT_POLL_S and is killed, rather than the run waiting for it to end. A signal is process-wide: so is this.
+INTERRUPTED = threading.Event()
+INTERRUPT_POLL_S = 0.5
 
 
 def atomic_write(path: Path | str, data: str | bytes, *, durable: bool = False) -> Path:
@@ -70,29 +80,68 @@ def run_captured(
 ) -> Captured:
     """Run `argv` with stdin closed and its output captured as text. A program that cannot be started or
     does not finish within `timeout_s` is a result (exit 127, 126 or 124, see `Captured.problem`), not an
-    exception: callers turn it into their own verdict."""
+    exception: callers turn it into their own verdict.
+
+    An interrupted run (`INTERRUPTED`) kills the program and raises KeyboardInterrupt in the calling thread, a
+    worker thread included: only the main thread gets the signal's exception, and the run would otherwise wait
+    for a worker's program to end (an import check's `--help` takes minutes). A program cut short is no
+    result: its caller must not take its exit status for the program's own."""
     try:
-        done = subprocess.run(
+        process = subprocess.Popen(
             list(argv),
             cwd=cwd,
             env=None if env is None else dict(env),
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout_s,
-            check=False,
         )
-    except subprocess.TimeoutExpired:
-        return _not_run(EXIT_TIMED_OUT, f"{argv[0]} timed out after {timeout_s:g} s", timed_out=True)
     except FileNotFoundError as exc:  # the program, or the working directory
         return _not_run(EXIT_NOT_FOUND, f"{exc.filename or argv[0]}: not found")
     except OSError as exc:
         return _not_run(EXIT_CANNOT_RUN, f"cannot run {argv[0]}: {exc.strerror or exc}")
-    return Captured(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with process:
+        try:
+            while True:
+                left = INTERRUPT_POLL_S if deadline is None else max(0.0, deadline - time.monotonic())
+                try:  # a retried communicate loses no output
+                    stdout, stderr = process.communicate(timeout=min(left, INTERRUPT_POLL_S))
+                    return Captured(returncode=process.returncode, stdout=stdout, stderr=stderr)
+                except subprocess.TimeoutExpired:
+                    if INTERRUPTED.is_set():
+                        raise KeyboardInterrupt from None
+                    if deadline is not None and time.monotonic() >= deadline:
+                        process.kill()
+                        process.communicate()
+                        return _not_run(EXIT_TIMED_OUT, f"{argv[0]} timed out after {timeout_s:g} s", timed_out=True)
+        except BaseException:  # an interrupt of the thread that waits: the program ends with it
+            process.kill()
+            raise
 
 
 def _not_run(code: int, problem: str, *, timed_out: bool = False) -> Captured:
     return Captured(returncode=code, stdout="", stderr=problem, problem=problem, timed_out=timed_out)
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    """A signal handler: the run is interrupted (`INTERRUPTED`, for worker threads; KeyboardInterrupt here)."""
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM interrupt what runs inside (`raise_interrupt`), even when the process was started with
+    SIGINT ignored, as a shell's background job is (Python then leaves it so); the handlers before are restored."""
+    INTERRUPTED.clear()
+    previous = {sig: signal.signal(sig, raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        INTERRUPTED.clear()
 
 
 def uv_env(**extra: str) -> dict[str, str]:

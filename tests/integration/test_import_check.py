@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,55 @@ def test_a_run_checks_its_distinct_locks_at_once_before_its_cells(tmp_path, monk
     with Store(tmp_path / "s.sqlite") as store:
         evidence = [r["evidence"] for r in store.latest()]
     assert all(e and e[0].startswith("import check (cached): pass: imported six") for e in evidence), evidence
+
+
+HARNESS = """
+import sys
+from pathlib import Path
+from servematrix.engines import ImportCheckSpec, load_engine
+from servematrix.stages.importcheck import check_all
+from servematrix.util import interrupt_on_signals
+
+check = ImportCheckSpec(modules=("six",), help=("python", "-c", "import time; time.sleep(300)"))
+engine = load_engine("sglang").model_copy(update={"import_check": check})
+try:
+    with interrupt_on_signals():  # as `servematrix run` runs its plan (cli.py)
+        check_all([Path(sys.argv[1])], engine, python_version=sys.argv[2], cache_dir=Path(sys.argv[3]), jobs=2)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_sigterm_in_the_import_checks_stops_the_running_check_and_records_no_result(lock, tmp_path):
+    """The checks run in worker threads; an interrupted run stops the programs they wait on (a real check's
+    `--help` can take minutes; this one's sleeps 300 s) instead of waiting for them, and a check cut short is
+    no fact about its lock: nothing is recorded, and the next run checks the lock again."""
+    import psutil
+
+    cache = tmp_path / "cache"
+    script = tmp_path / "harness.py"
+    script.write_text(HARNESS)
+    harness = subprocess.Popen([sys.executable, str(script), str(lock), PYTHON, str(cache)], start_new_session=True)
+    try:
+        sleeper = None
+        for _ in range(900):  # the install of six, then its --help stand-in starts
+            children = psutil.Process(harness.pid).children(recursive=True)
+            sleeper = next((c for c in children if "time.sleep(300)" in " ".join(c.cmdline())), None)
+            if sleeper is not None:
+                break
+            assert harness.poll() is None, "the harness ended before its check's --help started"
+            time.sleep(0.2)
+        assert sleeper is not None
+        signalled = time.monotonic()
+        harness.send_signal(signal.SIGTERM)
+        assert harness.wait(timeout=60) == 130  # not the 300 s its check would have taken
+        print(f"the harness stopped {time.monotonic() - signalled:.1f} s after SIGTERM")
+        assert not sleeper.is_running()
+    finally:
+        if harness.poll() is None:
+            os.killpg(harness.pid, signal.SIGKILL)
+            harness.wait()
+    assert not list((cache / "import").glob("results/*.json"))
+    assert not list((cache / "import").glob("venvs/*"))  # its venv is removed
+    engine = _engine(modules=("six",), help=())
+    assert import_check(lock, engine, python_version=PYTHON, cache_dir=cache).cached is False

@@ -153,6 +153,55 @@ def test_a_program_that_runs_too_long_is_a_timed_out_result():
     assert done.problem == f"{sys.executable} timed out after 0.5 s" == done.stderr
 
 
+def test_a_large_output_is_captured_whole_across_the_interrupt_polls():
+    """The wait for a program is cut into polls of `INTERRUPT_POLL_S`; output written across them is all kept."""
+    script = "import sys, time\nfor i in range(4):\n    sys.stdout.write(str(i) * 200_000); sys.stdout.flush(); time.sleep(0.3)"
+    done = run_captured([sys.executable, "-c", script], timeout_s=60)
+    assert done.returncode == 0 and done.stdout == "".join(str(i) * 200_000 for i in range(4))
+
+
+def test_an_interrupted_run_kills_a_worker_threads_program_and_interrupts_that_thread():
+    """Only the main thread gets a signal's KeyboardInterrupt: a worker waiting on a program sees `INTERRUPTED`,
+    the program is killed, and the worker is interrupted too (its caller must not read a killed program's exit
+    status as the program's own: an import check would record a failure of the lock)."""
+    import psutil
+
+    outcome: dict[str, object] = {}
+
+    def worker() -> None:
+        try:
+            outcome["result"] = run_captured([sys.executable, "-c", "import time; time.sleep(300)"], timeout_s=None)
+        except KeyboardInterrupt:
+            outcome["interrupted"] = True
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        for _ in range(200):
+            sleepers = psutil.Process().children()
+            if sleepers:
+                break
+            threading.Event().wait(0.05)
+        assert len(sleepers) == 1
+        util.INTERRUPTED.set()
+        thread.join(timeout=30)
+        assert not thread.is_alive() and outcome == {"interrupted": True}
+        assert not sleepers[0].is_running()
+    finally:
+        util.INTERRUPTED.clear()
+        thread.join()
+
+
+def test_signals_interrupt_inside_the_block_and_the_handlers_before_come_back():
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), util.interrupt_on_signals():
+        assert not util.INTERRUPTED.is_set()
+        signal.raise_signal(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before and not util.INTERRUPTED.is_set()
+
+
 def test_a_missing_program_or_directory_is_a_not_found_result(tmp_path):
     missing = tmp_path / "no-such-tool"
     done = run_captured([str(missing), "--version"], timeout_s=60)

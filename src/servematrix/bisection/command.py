@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from typing import Any
 
 from servematrix.errors import InputError
 from servematrix.store.store import DEFAULT_STORE
+from servematrix.util import interrupt_on_signals
 
 
 def _say(line: str) -> None:
@@ -69,31 +69,24 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     _say(
         f"{target.package}: {len(candidates)} releases from {candidates[0]} to {candidates[-1]}, in {target.described}"
     )
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        result = bisect(
-            target,
-            candidates,
-            good=args.good,
-            bad=args.bad,
-            checker=checker,
-            stage=stage,
-            say=_say,
-        )
+        with interrupt_on_signals():
+            result = bisect(
+                target,
+                candidates,
+                good=args.good,
+                bad=args.bad,
+                checker=checker,
+                stage=stage,
+                say=_say,
+            )
     except Undecided as exc:
         print(f"servematrix: error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     noted = record_note(result, store, options.run_id)
     report = result.to_dict() | {"noted_rows": noted, "store": str(store)}
     print(json.dumps(report, indent=2) if args.format == "json" else render_text(report))
     return 0
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def render_text(report: dict[str, Any]) -> str:
