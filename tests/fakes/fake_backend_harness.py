@@ -7,29 +7,24 @@ they stop `servematrix run`.
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
 from servematrix.planning.plan import make_plan
 from servematrix.run.pipeline import run_plan
 from servematrix.run.runplan import RunOptions
+from servematrix.util import interrupt_on_signals
 from tests.fakes.fake_backend import FakeBackend
 
 FAKE_MULTI_GPU_SERVER = Path(__file__).resolve().parent / "fake_multi_gpu_server.py"
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     matrix, store, workdir = (Path(arg) for arg in sys.argv[1:4])
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
     options = RunOptions(stages=("build", "serve"), store=store, workdir=workdir)
     try:
-        run_plan(make_plan(matrix), FakeBackend(workdir, server=FAKE_MULTI_GPU_SERVER), options)
+        with interrupt_on_signals():
+            run_plan(make_plan(matrix), FakeBackend(workdir, server=FAKE_MULTI_GPU_SERVER), options)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from servematrix.stages.bench_fake import FakeBehavior, FakeOpenAIServer
+from servematrix.util import atomic_write
 
 DERIVED_OFFSET = 10000  # toyserve's derived_ports
 ALL = "all"
@@ -72,11 +73,11 @@ def main() -> int:
 
     def stop(signum: int, frame: object) -> None:
         record["end"] = time.time()
-        out.write_text(json.dumps(record))
+        atomic_write(out, json.dumps(record))
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
-    out.write_text(json.dumps(record))
+    atomic_write(out, json.dumps(record))
     print(f"[fake] {args.tp_size} rank(s) on GPUs {record['gpus']}, CPUs {record['cpus']}", flush=True)
     time.sleep(float(os.environ.get("FAKE_READY_AFTER_S", "0")))
     server = FakeOpenAIServer(FakeBehavior(record=False), host=args.host, port=args.port).start()
@@ -90,7 +91,10 @@ def _gpus(visible: str | None) -> set[str]:
 
 
 def _left_before(folder: Path, gpus: set[str]) -> list[int]:
-    """The processes (servers and ranks) of the servers recorded before this one on its GPUs that still live."""
+    """The processes (servers and ranks) of the servers recorded before this one on its GPUs that still live.
+    Servers packed at once write their records meanwhile: each is written whole (`atomic_write`), or a read here
+    could see half of one and end this server (a likely cause of the one `fail:server-exited` the packing test
+    gave, on a loaded host)."""
     alive = []
     for path in folder.glob("*.json"):
         earlier = json.loads(path.read_text())
