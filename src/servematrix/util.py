@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Where a run keeps its store, environments, logs and report preview, relative to the working directory.
 DEFAULT_WORKDIR = Path(".servematrix")
@@ -30,6 +31,8 @@ EXIT_NOT_FOUND = 127
 # INTERRUPT_POLL_S and is killed, rather than the run waiting for it to end. A signal is process-wide: so is this.
 INTERRUPTED = threading.Event()
 INTERRUPT_POLL_S = 0.5
+# Set inside `interrupt_on_signals`: outside, nothing sets INTERRUPTED, and programs run as subprocess.run runs them.
+_INTERRUPTIBLE = threading.Event()
 
 
 def atomic_write(path: Path | str, data: str | bytes, *, durable: bool = False) -> Path:
@@ -82,41 +85,54 @@ def run_captured(
     does not finish within `timeout_s` is a result (exit 127, 126 or 124, see `Captured.problem`), not an
     exception: callers turn it into their own verdict.
 
-    An interrupted run (`INTERRUPTED`) kills the program and raises KeyboardInterrupt in the calling thread, a
-    worker thread included: only the main thread gets the signal's exception, and the run would otherwise wait
-    for a worker's program to end (an import check's `--help` takes minutes). A program cut short is no
-    result: its caller must not take its exit status for the program's own."""
+    Inside `interrupt_on_signals`, an interrupt kills the program and raises KeyboardInterrupt in the calling
+    thread, a worker thread included (`_run_interruptibly`). A program cut short is no result: no caller may
+    take a killed program's exit status for the program's own (an import check would record a failure)."""
+    options: dict[str, Any] = {
+        "cwd": cwd,
+        "env": None if env is None else dict(env),
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+        "text": True,
+    }
     try:
-        process = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=None if env is None else dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        if _INTERRUPTIBLE.is_set():
+            done = _run_interruptibly(list(argv), timeout_s, options)
+        else:
+            done = subprocess.run(list(argv), timeout=timeout_s, check=False, **options)
+    except subprocess.TimeoutExpired:
+        return _not_run(EXIT_TIMED_OUT, f"{argv[0]} timed out after {timeout_s:g} s", timed_out=True)
     except FileNotFoundError as exc:  # the program, or the working directory
         return _not_run(EXIT_NOT_FOUND, f"{exc.filename or argv[0]}: not found")
     except OSError as exc:
         return _not_run(EXIT_CANNOT_RUN, f"cannot run {argv[0]}: {exc.strerror or exc}")
+    return Captured(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr)
+
+
+def _run_interruptibly(
+    argv: list[str], timeout_s: float | None, options: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run` that also ends when the run is interrupted (`INTERRUPTED`): only the main thread gets a
+    signal's KeyboardInterrupt, and a run would otherwise wait for a worker thread's program to end (an import
+    check's `--help` takes minutes). The wait is cut into polls of INTERRUPT_POLL_S; a retried communicate
+    loses no output."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    with process:
+    with subprocess.Popen(argv, **options) as process:
         try:
             while True:
                 left = INTERRUPT_POLL_S if deadline is None else max(0.0, deadline - time.monotonic())
-                try:  # a retried communicate loses no output
+                try:
                     stdout, stderr = process.communicate(timeout=min(left, INTERRUPT_POLL_S))
-                    return Captured(returncode=process.returncode, stdout=stdout, stderr=stderr)
+                    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
                 except subprocess.TimeoutExpired:
                     if INTERRUPTED.is_set():
                         raise KeyboardInterrupt from None
                     if deadline is not None and time.monotonic() >= deadline:
-                        process.kill()
-                        process.communicate()
-                        return _not_run(EXIT_TIMED_OUT, f"{argv[0]} timed out after {timeout_s:g} s", timed_out=True)
-        except BaseException:  # an interrupt of the thread that waits: the program ends with it
+                        raise
+        except BaseException:  # the interrupt, or the deadline: the program ends here
             process.kill()
+            process.communicate()
             raise
 
 
@@ -133,12 +149,15 @@ def raise_interrupt(signum: int, frame: object) -> None:
 @contextlib.contextmanager
 def interrupt_on_signals() -> Iterator[None]:
     """SIGINT and SIGTERM interrupt what runs inside (`raise_interrupt`), even when the process was started with
-    SIGINT ignored, as a shell's background job is (Python then leaves it so); the handlers before are restored."""
+    SIGINT ignored, as a shell's background job is (Python then leaves it so); the handlers before are restored.
+    Inside, `run_captured` watches for the interrupt in every thread."""
     INTERRUPTED.clear()
     previous = {sig: signal.signal(sig, raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _INTERRUPTIBLE.set()
     try:
         yield
     finally:
+        _INTERRUPTIBLE.clear()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         INTERRUPTED.clear()

@@ -123,7 +123,18 @@ def test_two_concurrent_writers_of_one_path_never_mix(tmp_path):
     assert _leftovers(tmp_path, {"shared.json"}) == []
 
 
-def test_run_captured_gives_status_and_output():
+@pytest.fixture(params=["plain", "interruptible"])
+def runs(request):
+    """run_captured as a library call runs it (subprocess.run) and inside `interrupt_on_signals`, as a
+    `servematrix run` runs it (a wait polled for the interrupt): the two must give the same results."""
+    if request.param == "plain":
+        yield request.param
+        return
+    with util.interrupt_on_signals():
+        yield request.param
+
+
+def test_run_captured_gives_status_and_output(runs):
     done = run_captured(
         [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
         timeout_s=60,
@@ -137,7 +148,7 @@ def test_run_captured_gives_status_and_output():
     )
 
 
-def test_run_captured_closes_stdin_and_passes_env_and_cwd(tmp_path):
+def test_run_captured_closes_stdin_and_passes_env_and_cwd(tmp_path, runs):
     done = run_captured(
         [sys.executable, "-c", "import os, sys; print(repr(sys.stdin.read()), os.getcwd(), os.environ['ONLY'])"],
         timeout_s=60,
@@ -147,13 +158,13 @@ def test_run_captured_closes_stdin_and_passes_env_and_cwd(tmp_path):
     assert done.stdout.split() == ["''", str(tmp_path), "here"]
 
 
-def test_a_program_that_runs_too_long_is_a_timed_out_result():
+def test_a_program_that_runs_too_long_is_a_timed_out_result(runs):
     done = run_captured([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=0.5)
     assert done.timed_out and done.returncode == 124
     assert done.problem == f"{sys.executable} timed out after 0.5 s" == done.stderr
 
 
-def test_a_large_output_is_captured_whole_across_the_interrupt_polls():
+def test_a_large_output_is_captured_whole_across_the_interrupt_polls(runs):
     """The wait for a program is cut into polls of `INTERRUPT_POLL_S`; output written across them is all kept."""
     script = "import sys, time\nfor i in range(4):\n    sys.stdout.write(str(i) * 200_000); sys.stdout.flush(); time.sleep(0.3)"
     done = run_captured([sys.executable, "-c", script], timeout_s=60)
@@ -174,22 +185,23 @@ def test_an_interrupted_run_kills_a_worker_threads_program_and_interrupts_that_t
         except KeyboardInterrupt:
             outcome["interrupted"] = True
 
-    thread = threading.Thread(target=worker)
-    thread.start()
-    try:
-        for _ in range(200):
-            sleepers = psutil.Process().children()
-            if sleepers:
-                break
-            threading.Event().wait(0.05)
-        assert len(sleepers) == 1
-        util.INTERRUPTED.set()
-        thread.join(timeout=30)
-        assert not thread.is_alive() and outcome == {"interrupted": True}
-        assert not sleepers[0].is_running()
-    finally:
-        util.INTERRUPTED.clear()
-        thread.join()
+    with util.interrupt_on_signals():
+        thread = threading.Thread(target=worker)
+        thread.start()
+        try:
+            for _ in range(200):
+                sleepers = psutil.Process().children()
+                if sleepers:
+                    break
+                threading.Event().wait(0.05)
+            assert len(sleepers) == 1
+            util.INTERRUPTED.set()  # what the signal handler sets, before it interrupts the main thread
+            thread.join(timeout=30)
+            assert not thread.is_alive() and outcome == {"interrupted": True}
+            assert not sleepers[0].is_running()
+        finally:
+            util.INTERRUPTED.set()
+            thread.join()
 
 
 def test_signals_interrupt_inside_the_block_and_the_handlers_before_come_back():
@@ -202,7 +214,7 @@ def test_signals_interrupt_inside_the_block_and_the_handlers_before_come_back():
     assert signal.getsignal(signal.SIGTERM) is before and not util.INTERRUPTED.is_set()
 
 
-def test_a_missing_program_or_directory_is_a_not_found_result(tmp_path):
+def test_a_missing_program_or_directory_is_a_not_found_result(tmp_path, runs):
     missing = tmp_path / "no-such-tool"
     done = run_captured([str(missing), "--version"], timeout_s=60)
     assert (done.returncode, done.problem, done.timed_out) == (127, f"{missing}: not found", False)
@@ -211,7 +223,7 @@ def test_a_missing_program_or_directory_is_a_not_found_result(tmp_path):
     assert done.returncode == 127 and done.problem == f"{gone}: not found"
 
 
-def test_a_file_that_is_not_a_program_cannot_run(tmp_path):
+def test_a_file_that_is_not_a_program_cannot_run(tmp_path, runs):
     script = tmp_path / "notes.txt"
     script.write_text("not a program\n")
     script.chmod(0o644)

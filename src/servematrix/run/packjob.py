@@ -22,7 +22,6 @@ from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.planning.plan import plan_spec
 from servematrix.run.packing import PackedJob
 from servematrix.run.pipeline import run_plan
-from servematrix.util import raise_interrupt
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 EXIT_INTERRUPTED = 130
@@ -59,7 +58,7 @@ def _interrupt(signum: int, frame: object) -> None:
     # Once: a second signal must not cut short the teardown the first one started.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    raise_interrupt(signum, frame)
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
