@@ -230,6 +230,15 @@ except KeyboardInterrupt:
 """
 
 
+def _cmdline(process) -> str:
+    import psutil
+
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # it ended between the listing and the read (a zombie until reaped: seen in CI)
+        return ""
+
+
 def test_sigterm_in_the_import_checks_stops_the_running_check_and_records_no_result(lock, tmp_path):
     """The checks run in worker threads; an interrupted run stops the programs they wait on (a real check's
     `--help` can take minutes; this one's sleeps 300 s) instead of waiting for them, and a check cut short is
@@ -244,7 +253,7 @@ def test_sigterm_in_the_import_checks_stops_the_running_check_and_records_no_res
         sleeper = None
         for _ in range(900):  # the install of six, then its --help stand-in starts
             children = psutil.Process(harness.pid).children(recursive=True)
-            sleeper = next((c for c in children if "time.sleep(300)" in " ".join(c.cmdline())), None)
+            sleeper = next((c for c in children if "time.sleep(300)" in _cmdline(c)), None)
             if sleeper is not None:
                 break
             assert harness.poll() is None, "the harness ended before its check's --help started"

@@ -284,7 +284,12 @@ def test_the_track_record_from_the_published_h200_rows():
     cells records it: nothing served, the same cell, lock and image): passes predicted `skipped:no-gpu` (passed
     the pre-flights), failures predicted with their class, and one pass that the CPU predicted to fail."""
     published = json.loads((REPO / "docs" / "results" / "latest.json").read_text())
-    observed = [r for r in published_rows(published) if (r.get("host") or {}).get("gpu_sku") == "NVIDIA H200"]
+    # Served there: a cell skipped on the H200 host (a mode its release lacks) observed nothing.
+    observed = [
+        r
+        for r in published_rows(published)
+        if (r.get("host") or {}).get("gpu_sku") == "NVIDIA H200" and not r["verdict"].startswith("skipped")
+    ]
     assert len(observed) >= 5 and {r["verdict"].partition(":")[0] for r in observed} == {"pass", "fail"}
     wrong = next(r for r in observed if r["verdict"] == "pass")
     predictions = []
