@@ -76,6 +76,14 @@ SGLANG_CASES = [
         39,
         ("frames: runner_backend/tc_piecewise_cuda_graph_backend.py:192 _run_compile_pass",),
     ),
+    # A real log (the H200, 2026-12-05, GLM-5's architecture on sglang 0.5.12, breakable; machine paths
+    # shortened): the RuntimeError shows only in the frames, under "Scheduler hit an exception".
+    (
+        "h200-sglang-0.5.12-glm5-breakable-warmup.log",
+        "graph-capture-failed",
+        120,
+        ("frames: model_executor/breakable_cuda_graph_runner.py:307 _warmup",),
+    ),
     # No torch._dynamo.exc line: the frames decide, at the subprocess frame that completes them.
     ("dynamo-untraceable-frames-only-sglang-0.5.11.log", "dynamo-untraceable", 37, ("flashinfer fp4 JIT", FP4_FRAMES)),
     ("dynamo-untraceable-truncated-sglang-0.5.11.log", "dynamo-untraceable", 37, ("flashinfer fp4 JIT", FP4_FRAMES)),
@@ -99,8 +107,13 @@ TRANSFORMERS_CASES = [
 NO_ENV: dict[str, str] = {}
 
 
+def fixture_text(name: str) -> str:
+    """A fixture as the harness reads a log: bytes decoded, a tqdm bar's carriage returns kept inside its line."""
+    return (LOGS / name).read_bytes().decode("utf-8")
+
+
 def fixture_line(name: str, line: int) -> str:
-    return (LOGS / name).read_text(encoding="utf-8").split("\n")[line - 1]
+    return fixture_text(name).split("\n")[line - 1]
 
 
 # ---- whole logs ------------------------------------------------------------------------------------
@@ -116,7 +129,7 @@ def test_sglang_fixture_classifies_to_its_class_and_line(name, cls, line, eviden
     assert result["title"] == load_signatures("sglang").get(cls).title
     assert fixture_line(name, line) in result["excerpt"]
 
-    match = classify_text((LOGS / name).read_text(encoding="utf-8"), "sglang", env=NO_ENV)
+    match = classify_text(fixture_text(name), "sglang", env=NO_ENV)
     assert match is not None
     assert (match.cls, match.line, match.evidence) == (cls, line, evidence)
     assert match.to_contract() == result
