@@ -60,7 +60,9 @@ LEFT_OUT = (
     "datasets",  # `bench_serving` imports it; its random-ids dataset needs a stub only
     "modelscope",
     "tilelang",  # another NSA backend (--nsa-*-backend tilelang), 50 MB
-    "nvidia-cutlass-dsl*",  # CuTe DSL kernels (Blackwell paths)
+    # Not nvidia-cutlass-dsl (`cutlass`, CuTe DSL), though its kernels are Blackwell's: sglang 0.5.15 imports it while
+    # its model registry loads `sglang.srt.models.deepseek_v2`, which skips that module without it and serves GLM-5
+    # through the Transformers fallback, which cannot (the H200, 2026-12-05; signature transformers-fallback).
     # CUDA's compiler as wheels: the node has nvcc (DeepGEMM's JIT finds it through CUDA_HOME)
     "nvidia-cuda-nvcc",
     "nvidia-cuda-crt",
@@ -70,7 +72,8 @@ LEFT_OUT = (
 )
 # Inside the installed tree: FA3 (1.07 GB in 0.5.12, 1.76 GB in 0.5.15), Blackwell-only kernels, static archives.
 STRIPPED = ("sgl_kernel/flash_ops*.so", "sgl_kernel/sm100", "**/*.a")
-PART_BYTES = 60 * 1024 * 1024
+# A device call carries 64 MiB with the working tree (about 23 MB): one part a call.
+PART_BYTES = 36 * 1024 * 1024
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 
 

@@ -84,6 +84,14 @@ SGLANG_CASES = [
         120,
         ("frames: model_executor/breakable_cuda_graph_runner.py:307 _warmup",),
     ),
+    # A real log (the H200, 2026-12-05, GLM-5's architecture on sglang 0.5.15 from a bundle without
+    # nvidia-cutlass-dsl): the fallback decides, not the ValueError the Transformers backend raised after it.
+    (
+        "h200-sglang-0.5.15-glm5-transformers-fallback.log",
+        "transformers-fallback",
+        56,
+        ("sglang skipped its model modules: No module named 'cutlass'",),
+    ),
     # No torch._dynamo.exc line: the frames decide, at the subprocess frame that completes them.
     ("dynamo-untraceable-frames-only-sglang-0.5.11.log", "dynamo-untraceable", 37, ("flashinfer fp4 JIT", FP4_FRAMES)),
     ("dynamo-untraceable-truncated-sglang-0.5.11.log", "dynamo-untraceable", 37, ("flashinfer fp4 JIT", FP4_FRAMES)),
