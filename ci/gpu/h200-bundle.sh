@@ -31,5 +31,16 @@ chmod +x "/tmp/py-$release"
 check=/tmp/py-$release
 [ "$release" = "0.5.12" ] && check=/tmp/py-$release-kernels-0.14.1
 "$check" -c "import sglang, transformers, torch; print('bundle', sglang.__version__, transformers.__version__, torch.__version__)"
+# sglang skips a model module that fails to import ("Ignore import error when loading ...") and serves its
+# architectures through its Transformers fallback, which cannot serve GLM-5's (signature transformers-fallback;
+# a bundle without nvidia-cutlass-dsl did that, 2026-12-05). Check the lanes' architectures before any GPU time.
+"$check" -c "
+from sglang.srt.models.registry import ModelRegistry
+lanes = ('LlamaForCausalLM', 'GlmMoeDsaForCausalLM')
+missing = [arch for arch in lanes if arch not in ModelRegistry.models]
+if missing:
+    raise SystemExit(f'sglang has no class of its own for {missing}: a model module did not import (above)')
+print('registry: sglang serves', ', '.join(lanes), 'with its own classes')
+"
 # The harness itself needs pydantic, which the bundle carries: its path goes after the project's src.
 echo "HARNESS_PYTHONPATH=$PWD/src:$path"

@@ -92,7 +92,17 @@ class _StopsAtThirdStart(_HealthyBackend):
         return super().launch(built, argv, env, port, model_dir=model_dir)
 
 
-def test_a_run_stopped_between_starts_keeps_the_figures_of_the_starts_that_ended(monkeypatch, tmp_path):
+class _CountsStarts(_HealthyBackend):
+    launches = 0
+
+    def launch(self, built, argv, env, port, *, model_dir):
+        type(self).launches += 1
+        return super().launch(built, argv, env, port, model_dir=model_dir)
+
+
+def _stopped_after_one_start_per_mode(monkeypatch, tmp_path):
+    """A two-start toy matrix whose first run is stopped when its third start is launched: each mode served
+    once. Returns the plan and the store's rows of that run, by mode."""
     monkeypatch.setenv(ENGINES_PATH_ENV, str(TOY_ENGINES))
     matrix = tmp_path / "toy.toml"
     matrix.write_text(
@@ -101,10 +111,51 @@ def test_a_run_stopped_between_starts_keeps_the_figures_of_the_starts_that_ended
         )
     )
     options = RunOptions(stages=("build", "serve", "bench"), store=tmp_path / "s.sqlite", workdir=tmp_path / "w")
+    _StopsAtThirdStart.launches = 0
     with pytest.raises((KeyboardInterrupt, SystemExit)):
         run_plan(make_plan(matrix), _StopsAtThirdStart(tmp_path), options, console=Console(file=io.StringIO()))
     with Store(tmp_path / "s.sqlite") as store:
-        rows = {r["mode"]: r for r in store.all_rows()}
+        return matrix, {r["mode"]: r for r in store.all_rows()}
+
+
+def test_a_run_stopped_between_starts_keeps_the_figures_of_the_starts_that_ended(monkeypatch, tmp_path):
+    _, rows = _stopped_after_one_start_per_mode(monkeypatch, tmp_path)
     for mode in ("short", "long"):  # each served once before the stop: its start's figures are in its row
         metrics = rows[mode]["metrics"]
         assert metrics["levels"][0]["runs"] and metrics["correctness"]["key"]["prompt_set"] == "greedy-v1"
+
+
+@pytest.mark.parametrize("rerun", [False, True])
+def test_the_next_run_serves_only_the_starts_a_stopped_run_left(monkeypatch, tmp_path, rerun):
+    """A device call's or a job's time limit must not cost the starts that ended: the next run resumes them
+    (their figures, proof and the baseline's answers), unless --rerun asks for everything again."""
+    matrix, stopped = _stopped_after_one_start_per_mode(monkeypatch, tmp_path)
+    first_runs = {mode: stopped[mode]["metrics"]["levels"][0]["runs"] for mode in ("short", "long")}
+    _CountsStarts.launches = 0
+    options = RunOptions(
+        stages=("build", "serve", "bench"), store=tmp_path / "s.sqlite", workdir=tmp_path / "w", rerun=rerun
+    )
+    summary = run_plan(make_plan(matrix), _CountsStarts(tmp_path), options, console=Console(file=io.StringIO()))
+
+    assert sorted(summary.verdicts.values()) == ["pass", "pass"]
+    assert _CountsStarts.launches == (4 if rerun else 2)
+    with Store(tmp_path / "s.sqlite") as store:
+        rows = {r["mode"]: r for r in store.latest()}
+    for mode in ("short", "long"):
+        row = rows[mode]
+        metrics = row["metrics"]
+        assert row["run_id"] == summary.run_id and metrics["starts"] == 2
+        assert "finished_starts" not in metrics  # the decided record holds the pooled figures alone
+        runs = metrics["levels"][0]["runs"]
+        assert {run["start"] for run in runs} == {1, 2}
+        first = [{k: v for k, v in run.items() if k != "start"} for run in runs if run["start"] == 1]
+        stored = [{k: v for k, v in run.items() if k != "start"} for run in first_runs[mode]]
+        assert (first == stored) is not rerun  # resumed: start 1 is the stopped run's, figure for figure
+        resumed = [e for e in row["evidence"] if "resumed from run" in e]
+        assert resumed == (
+            []
+            if rerun
+            else [f"1 server start(s) resumed from run {stopped[mode]['run_id']}, stopped before it decided the cell"]
+        )
+    # The resumed baseline's answers were this run's: the other mode was checked against them.
+    assert "unchecked" not in rows["long"]["metrics"]["correctness"]["summary"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_make_bundle import make_bundle
+from tests.unit.test_make_bundle import REPO, make_bundle
 
 pytestmark = [pytest.mark.integration]
 
@@ -39,3 +39,50 @@ def test_a_bundle_made_with_uv_unpacks_to_the_lock_s_packages_and_says_what_it_l
     assert "carried: 1 packages" in manifest and "not carried: torch==2.11.0: the node's CUDA stack" in manifest
     assert "six==1.17.0" in (out / "requirements.txt").read_text()
     assert tarfile.is_tarfile(parts[0])
+
+
+def _fake_bundle(parts: Path, architectures: tuple[str, ...]) -> None:
+    """A bundle part holding FAKE sglang, transformers and torch packages (named as fakes): what
+    h200-bundle.sh imports, with a model registry that knows `architectures`."""
+    site = parts / "site"
+    files = {
+        "sglang/__init__.py": "__version__ = 'fake'\n",
+        "sglang/srt/__init__.py": "",
+        "sglang/srt/models/__init__.py": "",
+        "sglang/srt/models/registry.py": (
+            f"class _Registry:\n    models = dict.fromkeys({architectures!r})\n\nModelRegistry = _Registry()\n"
+        ),
+        "transformers/__init__.py": "__version__ = 'fake'\n",
+        "torch/__init__.py": "__version__ = 'fake'\n",
+    }
+    for name, text in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    with tarfile.open(parts / "site.tar.xz.00", "w:xz") as tar:
+        for name in ("sglang", "transformers", "torch"):
+            tar.add(site / name, arcname=name)
+
+
+@pytest.mark.parametrize("knows_glm5", [True, False])
+def test_the_node_s_unpacking_refuses_a_bundle_whose_sglang_lacks_a_lane_s_model_class(tmp_path, knows_glm5):
+    """A bundle missing a package one of sglang's model modules imports loses that module's classes, and sglang
+    serves those models through its Transformers fallback (GLM-5's failed so on the H200): the unpacking says so
+    before any GPU time is spent."""
+    archs = ("LlamaForCausalLM", "GlmMoeDsaForCausalLM") if knows_glm5 else ("LlamaForCausalLM",)
+    _fake_bundle(tmp_path, archs)
+    release = f"test-{tmp_path.name}"  # its own /tmp/site-* and /tmp/py-*, not a real release's
+    try:
+        done = subprocess.run(
+            ["bash", str(REPO / "ci" / "gpu" / "h200-bundle.sh"), release, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+    finally:
+        subprocess.run(["rm", "-rf", f"/tmp/site-{release}", f"/tmp/py-{release}"], check=False)
+    assert (done.returncode == 0) is knows_glm5, done.stderr
+    if knows_glm5:
+        assert "sglang serves LlamaForCausalLM, GlmMoeDsaForCausalLM with its own classes" in done.stdout
+    else:
+        assert "sglang has no class of its own for ['GlmMoeDsaForCausalLM']" in done.stderr

@@ -50,3 +50,6 @@ def test_the_committed_node_list_keeps_the_h200_bundle_to_what_the_node_lacks():
     names = {block.split("==")[0] for block in carried}
     assert not names & {"numpy", "pandas", "pyarrow", "scipy", "aiohttp", "requests"}  # the node has them
     assert {"sglang", "fastapi", "ipython", "transformers"} <= names
+    # Without CuTe DSL's `cutlass`, 0.5.15 skipped its deepseek_v2 module and served GLM-5 through the
+    # Transformers fallback, which failed (the H200, 2026-12-05).
+    assert {"nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13"} <= names

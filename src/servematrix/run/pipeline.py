@@ -283,7 +283,8 @@ class _Runner:
         Returns the cells finished here."""
         for _ in range(1, self._server.starts):
             for pending in state.pending.values():
-                if pending.starts[-1].result.kind == "pass":
+                # A cell resumed from a stopped run has fewer starts to go.
+                if len(pending.starts) < self._server.starts and pending.starts[-1].result.kind == "pass":
                     pending.starts.append(self._start(state, pending.cell))
         for pending in state.pending.values():
             self._finish_served(state, pending.cell, pending.starts, pending.prediction)
@@ -534,12 +535,18 @@ class _Runner:
         )
 
     def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
-        outcome = self._start(state, cell)
-        if self._server.starts > 1 and outcome.result.kind == "pass":
-            # More starts of this cell follow, interleaved with the environment's other modes (run()).
-            state.pending[cell.id] = _Pending(cell=cell, prediction=prediction, starts=[outcome])
-            return
-        self._finish_served(state, cell, [outcome], prediction)
+        starts = self._server.resumed(cell, self._inputs(cell))
+        if starts:
+            run_id, count = self._server.resumed_from[cell.id]
+            self._stage_note(f"{cell.id}: {count} server start(s) resumed from the stopped run {run_id}")
+        if len(starts) < self._server.starts:
+            # `_serve_once` numbers the start from the pending ones.
+            state.pending[cell.id] = _Pending(cell=cell, prediction=prediction, starts=starts)
+            starts.append(self._start(state, cell))
+            if len(starts) < self._server.starts and starts[-1].result.kind == "pass":
+                return  # more starts of this cell follow, interleaved with the environment's other modes (run())
+            del state.pending[cell.id]
+        self._finish_served(state, cell, starts, prediction)
 
     def _start(self, state: _EnvState, cell: Cell) -> Served:
         """One server start of the cell; an exception is that start's verdict (`_guarded`)."""
@@ -577,6 +584,9 @@ class _Runner:
         if len(starts) > 1 or self._server.starts > 1:
             where = f", failed at start {failed_start + 1}" if failed_start is not None else ""
             evidence.append(f"server starts: {len(starts)}, interleaved with the other modes{where}")
+        if cell.id in self._server.resumed_from:
+            run_id, count = self._server.resumed_from[cell.id]
+            evidence.append(f"{count} server start(s) resumed from run {run_id}, stopped before it decided the cell")
         if prediction is not None:
             # The GPU run checks the CPU prediction; the report tells predictions from observations.
             confirmed = result.kind == "fail" and result.detail == prediction.detail

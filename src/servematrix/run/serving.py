@@ -49,6 +49,23 @@ class Served:
     stage_seconds: dict[str, float]
 
 
+# In the row of a cell whose starts have not all ended: each passing start's figures, proof and stage times, so a
+# later run with the same inputs resumes from them instead of starting the cell again (`CellServer.resumed`).
+FINISHED_STARTS = "finished_starts"
+
+
+def _start_record(served: Served) -> dict[str, Any]:
+    return {"metrics": served.metrics, "evidence": list(served.result.evidence), "stage_seconds": served.stage_seconds}
+
+
+def _start_from_record(record: Mapping[str, Any]) -> Served:
+    return Served(
+        result=Verdict(kind="pass", evidence=tuple(record["evidence"])),
+        metrics=dict(record["metrics"]),
+        stage_seconds=dict(record["stage_seconds"]),
+    )
+
+
 @dataclass(kw_only=True)
 class CellServer:
     """How this run serves a cell once. It holds what every start shares: the backend, the store row it
@@ -70,6 +87,10 @@ class CellServer:
     )
     # Each cell's figures of the starts that ended, by cell id (see `serve_once`).
     measured: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    # Each cell's passing starts as stored for a resume (FINISHED_STARTS), by cell id.
+    finished_starts: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    # The run a cell's first starts were resumed from, and how many, by cell id.
+    resumed_from: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def starts(self) -> int:
@@ -100,12 +121,40 @@ class CellServer:
             )
         if served.metrics is not None:
             # The figures of the starts that ended stay in the cell's row as they end: a run stopped before the
-            # cell's last start (a job's or a call's time limit) keeps them. The cell's verdict, when it comes,
-            # writes the final record over them.
+            # cell's last start (a job's or a call's time limit) keeps them, and the next run resumes from the
+            # passing ones. The cell's verdict, when it comes, writes the final record over them.
             done = self.measured.setdefault(cell.id, [])
             done.append(served.metrics)
-            self.store.update(self.options.run_id, cell.id, metrics=bench.pool_starts(done))
+            passing = self.finished_starts.setdefault(cell.id, [])
+            if served.result.kind == "pass":
+                passing.append(_start_record(served))
+            interim = bench.pool_starts(done) or {}
+            self.store.update(self.options.run_id, cell.id, metrics={**interim, FINISHED_STARTS: passing})
         return served
+
+    def resumed(self, cell: Cell, inputs_hash: str) -> list[Served]:
+        """The passing server starts an earlier run finished for this cell, with these inputs, before it was
+        stopped without deciding the cell (a job's or a device call's time limit): this run serves only the
+        starts still missing. Their figures, mode proof and, for the baseline mode, greedy answers count as
+        this run's. None with --rerun."""
+        if self.options.rerun:
+            return []
+        row = self.store.undecided(cell.id, inputs_hash, before_run=self.options.run_id)
+        if row is None:
+            return []
+        records = list((row.get("metrics") or {}).get(FINISHED_STARTS) or [])[: self.starts]
+        if not records:
+            return []
+        starts = [_start_from_record(record) for record in records]
+        self.finished_starts[cell.id] = records
+        self.measured[cell.id] = [start.metrics for start in starts if start.metrics is not None]
+        self.resumed_from[cell.id] = (str(row["run_id"]), len(starts))
+        if cell.mode == self.plan.spec.file.axes["mode"][0]:
+            key = self._correctness_key(cell)
+            found = correctness.stored_answers(starts[0].metrics, key)
+            if found is not None:
+                self.answers.setdefault(key, found)
+        return starts
 
     def _serve_on(
         self,
@@ -239,13 +288,7 @@ class CellServer:
         settings = spec.file.bench.correctness
         if not settings.enabled:
             return None, {}
-        key = correctness.CorrectnessKey(
-            env_id=cell.env_id,
-            model=spec.file.model.name,
-            api=spec.file.bench.api,
-            max_tokens=settings.max_tokens,
-            top_k=settings.top_k,
-        )
+        key = self._correctness_key(cell)
         levels = (1, correctness.batch_concurrency(spec.file.bench.concurrency))
         try:
             got = correctness.collect(
@@ -286,6 +329,17 @@ class CellServer:
         if floor is not None and record.get("accuracy", {}).get("score", 1.0) < floor:
             return verdict.failed("wrong-output", excerpt=f"accuracy probe: {record['accuracy']['summary']}"), record
         return None, record
+
+    def _correctness_key(self, cell: Cell) -> correctness.CorrectnessKey:
+        """What a mode's greedy answers answer: the environment, the model, the API and the prompt settings."""
+        file = self.plan.spec.file
+        return correctness.CorrectnessKey(
+            env_id=cell.env_id,
+            model=file.model.name,
+            api=file.bench.api,
+            max_tokens=file.bench.correctness.max_tokens,
+            top_k=file.bench.correctness.top_k,
+        )
 
     def _accuracy(self, base_url: str, model: str, key: correctness.CorrectnessKey, cell: Cell) -> dict[str, Any]:
         """The arithmetic probe, where the matrix sets a floor (real weights only; on random ones it is 0)."""

@@ -282,6 +282,15 @@ class Store:
         )
         return rows[0] if rows else None
 
+    def undecided(self, cell_id: str, inputs_hash: str, *, before_run: str) -> Row | None:
+        """The newest row of this cell with these inputs from an earlier run, when that run did not decide it (it
+        was stopped, or its harness died): the server starts it finished may be resumed."""
+        rows = self._select(
+            "WHERE cell_id = ? AND inputs_hash = ? AND run_id != ? ORDER BY started_at DESC, rowid DESC LIMIT 1",
+            (cell_id, inputs_hash, before_run),
+        )
+        return rows[0] if rows and not _final(rows[0]) else None
+
     def record_packed_job(self, **values: Any) -> None:
         """A job of a packed run, written when it starts and again when it ends (`PACKED_SCHEMA`)."""
         encoded = {k: json.dumps(list(v)) if k in ("gpus", "cpus") else v for k, v in values.items()}
