@@ -51,7 +51,7 @@ def test_the_single_gpu_cells_keep_their_ids_when_tensor_parallel_kinds_are_adde
     path.write_text(single)
     before = {c.id: c.command for c in make_plan(path).cells}
     after = {c.id: c.command for c in make_plan(MATRIX / "h200-smoke.toml").cells if c.env.axes["gpu"] == "h200"}
-    assert before == after and len(before) == 9
+    assert before == after and len(before) == 12  # 3 environments x 4 modes
 
 
 def test_the_ranks_port_is_a_derived_port_of_a_tensor_parallel_server():
