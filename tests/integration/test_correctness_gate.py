@@ -159,3 +159,23 @@ def test_the_next_run_serves_only_the_starts_a_stopped_run_left(monkeypatch, tmp
         )
     # The resumed baseline's answers were this run's: the other mode was checked against them.
     assert "unchecked" not in rows["long"]["metrics"]["correctness"]["summary"]
+
+
+class _OtherInstalledSet(_CountsStarts):
+    """The same inputs served from other packages, as `--backend existing` sees a changed bundle."""
+
+    def build(self, request, log_path):
+        return dataclasses.replace(super().build(request, log_path), lock_hash="another installed set")
+
+
+def test_starts_served_from_another_installed_set_are_not_resumed(monkeypatch, tmp_path):
+    matrix, _ = _stopped_after_one_start_per_mode(monkeypatch, tmp_path)
+    _OtherInstalledSet.launches = 0
+    options = RunOptions(stages=("build", "serve", "bench"), store=tmp_path / "s.sqlite", workdir=tmp_path / "w")
+    out = io.StringIO()
+    summary = run_plan(make_plan(matrix), _OtherInstalledSet(tmp_path), options, console=Console(file=out, width=300))
+    assert sorted(summary.verdicts.values()) == ["pass", "pass"]
+    assert _OtherInstalledSet.launches == 4  # every start again
+    assert "are not resumed: they were served from another installed set (fake, now another installed set)" in (
+        out.getvalue()
+    )

@@ -535,7 +535,8 @@ class _Runner:
         )
 
     def _serve_and_bench(self, state: _EnvState, cell: Cell, prediction: Verdict | None = None) -> None:
-        starts = self._server.resumed(cell, self._inputs(cell))
+        assert state.built is not None
+        starts = self._server.resumed(cell, self._inputs(cell), installed=state.built.lock_hash)
         if starts:
             run_id, count = self._server.resumed_from[cell.id]
             self._stage_note(f"{cell.id}: {count} server start(s) resumed from the stopped run {run_id}")

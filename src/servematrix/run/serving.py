@@ -132,15 +132,23 @@ class CellServer:
             self.store.update(self.options.run_id, cell.id, metrics={**interim, FINISHED_STARTS: passing})
         return served
 
-    def resumed(self, cell: Cell, inputs_hash: str) -> list[Served]:
+    def resumed(self, cell: Cell, inputs_hash: str, *, installed: str) -> list[Served]:
         """The passing server starts an earlier run finished for this cell, with these inputs, before it was
         stopped without deciding the cell (a job's or a device call's time limit): this run serves only the
         starts still missing. Their figures, mode proof and, for the baseline mode, greedy answers count as
-        this run's. None with --rerun."""
+        this run's. None with --rerun, or when the environment's installed set (`installed`, the build's
+        `lock_hash`) is not the one they were served from: `--backend existing` builds nothing, and its
+        packages can change between runs with the same inputs."""
         if self.options.rerun:
             return []
         row = self.store.undecided(cell.id, inputs_hash, before_run=self.options.run_id)
         if row is None:
+            return []
+        if row.get("lock_hash") != installed:
+            self.note(
+                f"{cell.id}: the starts of the stopped run {row['run_id']} are not resumed: they were served from "
+                f"another installed set ({row.get('lock_hash')}, now {installed})"
+            )
             return []
         records = list((row.get("metrics") or {}).get(FINISHED_STARTS) or [])[: self.starts]
         if not records:
