@@ -85,9 +85,7 @@ class CellServer:
     answers: dict[correctness.CorrectnessKey, dict[int, list[correctness.Answer]]] = dataclasses.field(
         default_factory=dict
     )
-    # Each cell's figures of the starts that ended, by cell id (see `serve_once`).
-    measured: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
-    # Each cell's passing starts as stored for a resume (FINISHED_STARTS), by cell id.
+    # Each cell's passing starts as stored in its row until it is decided (FINISHED_STARTS), by cell id.
     finished_starts: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     # The run a cell's first starts were resumed from, and how many, by cell id.
     resumed_from: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
@@ -119,16 +117,13 @@ class CellServer:
             served = self._serve_on(
                 cell, built, port, model_dir=model_dir, start=start, stage_seconds=stage_seconds, row=row
             )
-        if served.metrics is not None:
-            # The figures of the starts that ended stay in the cell's row as they end: a run stopped before the
-            # cell's last start (a job's or a call's time limit) keeps them, and the next run resumes from the
-            # passing ones. The cell's verdict, when it comes, writes the final record over them.
-            done = self.measured.setdefault(cell.id, [])
-            done.append(served.metrics)
+        if served.metrics is not None and served.result.kind == "pass":
+            # The passing starts stay in the cell's row as they end, their figures pooled: a run stopped before
+            # the cell's last start (a job's or a call's time limit) keeps them, and the next run resumes from
+            # them. The cell's verdict, when it comes, writes the final record over them.
             passing = self.finished_starts.setdefault(cell.id, [])
-            if served.result.kind == "pass":
-                passing.append(_start_record(served))
-            interim = bench.pool_starts(done) or {}
+            passing.append(_start_record(served))
+            interim = bench.pool_starts([record["metrics"] for record in passing]) or {}
             self.store.update(self.options.run_id, cell.id, metrics={**interim, FINISHED_STARTS: passing})
         return served
 
@@ -144,18 +139,17 @@ class CellServer:
         row = self.store.undecided(cell.id, inputs_hash, before_run=self.options.run_id)
         if row is None:
             return []
+        records = list((row.get("metrics") or {}).get(FINISHED_STARTS) or [])[: self.starts]
+        if not records:
+            return []
         if row.get("lock_hash") != installed:
             self.note(
                 f"{cell.id}: the starts of the stopped run {row['run_id']} are not resumed: they were served from "
                 f"another installed set ({row.get('lock_hash')}, now {installed})"
             )
             return []
-        records = list((row.get("metrics") or {}).get(FINISHED_STARTS) or [])[: self.starts]
-        if not records:
-            return []
         starts = [_start_from_record(record) for record in records]
         self.finished_starts[cell.id] = records
-        self.measured[cell.id] = [start.metrics for start in starts if start.metrics is not None]
         self.resumed_from[cell.id] = (str(row["run_id"]), len(starts))
         if cell.mode == self.plan.spec.file.axes["mode"][0]:
             key = self._correctness_key(cell)
