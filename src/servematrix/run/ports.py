@@ -8,7 +8,10 @@ ranks use).
 A port is free when it is picked, but its server binds it only seconds later: servers packed on one host at
 once (`packing.py`) could pick the same one. `reserved_port` holds the port and its derived ports for the
 whole start, against every harness of this user on the host, with one file per port (created exclusively,
-naming the harness's pid; a dead harness's files are taken over).
+naming the harness's pid; a dead harness's files are taken over). Other programs are not harnesses: any
+outgoing connection on the host (a benchmark client's, uv's) is given a local port from the kernel's
+ephemeral range, and one given the picked port before the server binds it makes the start fail with
+address-in-use. So the port and its derived ports are picked outside that range where any such port exists.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ MAX_PORT = 65535
 LOWEST = 20000  # above the usual service ports; below the ephemeral range the kernel hands out
 ATTEMPTS = 200
 MAX_SWEPT = 1000  # reservation files looked at per reservation for a dead holder
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")  # Linux's; elsewhere nothing is avoided
 
 
 class NoPortError(RuntimeError):
@@ -49,18 +53,48 @@ def usable(port: int, offsets: Iterable[int], host: str = "127.0.0.1") -> bool:
     return all(1 <= p <= MAX_PORT for p in ports) and all(is_free(p, host) for p in ports)
 
 
+def ephemeral_range(path: Path = EPHEMERAL_RANGE) -> tuple[int, int] | None:
+    """The ports the kernel gives outgoing connections (first, last), or None where the host does not say."""
+    try:
+        low, high = (int(field) for field in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return (low, high) if 1 <= low <= high <= MAX_PORT else None
+
+
+def _candidates(offsets: tuple[int, ...], ephemeral: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """Ranges of ports (first, last) that leave `port` and every `port + offset` valid and, where any port
+    does, outside the ephemeral range."""
+    offsets = (0, *offsets)
+    valid = (max(LOWEST, *(1 - o for o in offsets)), min(MAX_PORT - o for o in offsets))
+    if valid[0] > valid[1]:
+        return []
+    if ephemeral is None:
+        return [valid]
+    quiet = [(LOWEST, ephemeral[0] - 1), (ephemeral[1] + 1, MAX_PORT)]
+    ranges = [valid]
+    for offset in offsets:  # the ports p with p + offset in a quiet range, intersected over the offsets
+        shifted = [(first - offset, last - offset) for first, last in quiet]
+        ranges = [(max(a, c), min(b, d)) for a, b in ranges for c, d in shifted if max(a, c) <= min(b, d)]
+    return ranges or [valid]  # no port avoids the range: a valid one is still better than none
+
+
 def pick_port(offsets: Iterable[int] = (), host: str = "127.0.0.1", *, rng: random.Random | None = None) -> int:
-    """A free port whose derived ports (`port + offset` for each offset) are valid and free."""
+    """A free port whose derived ports (`port + offset` for each offset) are valid and free, all of them
+    outside the host's ephemeral range where the offsets leave room for that."""
     offsets = tuple(offsets)
-    highest = MAX_PORT - max((o for o in offsets if o > 0), default=0)
-    if highest < LOWEST:
+    ranges = _candidates(offsets, ephemeral_range())
+    if not ranges:
         raise NoPortError(f"no port range leaves room for offsets {offsets}")
     rng = rng or random.Random()
+    weights = [last - first + 1 for first, last in ranges]
     for _ in range(ATTEMPTS):
-        port = rng.randint(LOWEST, highest)
+        first, last = rng.choices(ranges, weights)[0]
+        port = rng.randint(first, last)
         if usable(port, offsets, host):
             return port
-    raise NoPortError(f"no free port in {LOWEST}-{highest} with free ports at offsets {offsets} after {ATTEMPTS} tries")
+    spans = ", ".join(f"{first}-{last}" for first, last in ranges)
+    raise NoPortError(f"no free port in {spans} with free ports at offsets {offsets} after {ATTEMPTS} tries")
 
 
 def reservations_dir() -> Path:

@@ -32,6 +32,39 @@ def test_a_picked_port_leaves_every_derived_port_valid():
         assert port + 10000 <= ports.MAX_PORT
 
 
+def test_ports_are_picked_outside_the_kernels_ephemeral_range(monkeypatch):
+    """Any outgoing connection on the host may be given a port from the ephemeral range between the pick and
+    the server's bind (a benchmark client's, uv's): the start would fail with address-in-use. The port and
+    each derived port stay out of it when the offsets leave room."""
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (32768, 60999))
+    rng = random.Random(11)
+    sglang = load_engine("sglang").port_offsets("0.5.12", ranks=2)
+    for offsets in ((), sglang):
+        for _ in range(200):
+            port = ports.pick_port(offsets, rng=rng)
+            for derived in (port, *(port + o for o in offsets)):
+                assert not 32768 <= derived <= 60999 and derived <= ports.MAX_PORT
+    # Both quiet ranges are used where a port fits in either.
+    picked = {ports.pick_port((), rng=rng) >= 61000 for _ in range(200)}
+    assert picked == {True, False}
+
+
+def test_a_range_that_leaves_no_quiet_port_still_gives_a_valid_one(monkeypatch):
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 65535))
+    port = ports.pick_port((1,), rng=random.Random(3))
+    assert port >= ports.LOWEST and port + 1 <= ports.MAX_PORT
+
+
+def test_the_ephemeral_range_is_read_from_the_kernels_file(tmp_path):
+    path = tmp_path / "ip_local_port_range"
+    path.write_text("32768\t60999\n")
+    assert ports.ephemeral_range(path) == (32768, 60999)
+    for text in ("", "32768", "60999 32768", "a b"):
+        path.write_text(text)
+        assert ports.ephemeral_range(path) is None
+    assert ports.ephemeral_range(tmp_path / "absent") is None
+
+
 def test_a_taken_derived_port_makes_the_port_unusable(monkeypatch):
     # Which ports the host's other programs hold is no business of this test (a second harness held
     # taken - 10000 once): the host's answer is replaced by a set of taken ports.
