@@ -391,6 +391,27 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reclassify(args: argparse.Namespace) -> int:
+    from servematrix.report import reclassify
+    from servematrix.store.store import DEFAULT_STORE, Store
+
+    path = args.store or DEFAULT_STORE
+    if not path.is_file():
+        raise InputError(f"{path}: no such store")
+    with Store(path, read_only=args.dry_run) as store:
+        changes = list(reclassify.renamed(store, path))
+        for change in changes:
+            print(
+                f"{change.cell_id} {change.matrix} mode={change.mode}: {change.was} -> {change.now} "
+                f"({change.log}, line {change.line})"
+            )
+        if not args.dry_run:
+            reclassify.apply(store, changes)
+    verb = "would be named again (--dry-run: nothing written)" if args.dry_run else "named again"
+    print(f"{len(changes)} failure cause(s) {verb}", file=sys.stderr)
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from servematrix.scaleout.slurm import SlurmError, job_state, options_from_args, submit, wait
 
@@ -448,6 +469,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "schema": cmd_schema,
     "tiny-model": cmd_tiny_model,
     "classify": cmd_classify,
+    "reclassify": cmd_reclassify,
     "submit": cmd_submit,
     "nix-export": cmd_nix_export,
 }

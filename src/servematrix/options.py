@@ -345,6 +345,17 @@ COMMANDS: tuple[Command, ...] = (
         "{class, title, line, excerpt}; class is null when nothing matches.",
     ),
     Command(
+        name="reclassify",
+        help="name the causes of a store's failures again from their server logs, by this release's signatures",
+        description="For each cell's newest failing row whose server log decided its class (a class of the "
+        "engine's signatures, or server-exited), match the stored log again and, where this release's signatures "
+        "name another cause, write it into the row, with a line of evidence saying it was named again and what "
+        "the run had named it. Nothing runs again: a GPU failure's cause is refreshed without the GPU. Logs are "
+        "found as stored (relative to where the run ran) or beside the store. Then `report --publish --store` "
+        "publishes the rows. Exit 0 whether or not anything changed; 2 on a missing store.",
+        epilog="example:\n  servematrix reclassify --store gpu-results/results.sqlite --dry-run",
+    ),
+    Command(
         name="submit",
         help="run a matrix on a Slurm cluster: a job array per GPU kind and a merge job",
         description="Write and submit one Slurm job array per GPU kind (one task per group of environments, "
@@ -650,6 +661,19 @@ OPTIONS: tuple[Option, ...] = (
         default="text",
         help="text (default) or JSON",
         commands=("recommend", "classify", "bisect"),
+    ),
+    # --- reclassify
+    Option(
+        flags=("--store",),
+        type=Path,
+        help=f"the SQLite result store whose failures to name again (default: {DEFAULT_STORE})",
+        commands=("reclassify",),
+    ),
+    Option(
+        flags=("--dry-run",),
+        action="store_true",
+        help="say what would change and write nothing",
+        commands=("reclassify",),
     ),
     # --- bisect
     Option(

@@ -69,13 +69,14 @@ def test_every_parser_action_comes_from_one_declaration():
 
 
 def test_a_flag_shared_by_two_commands_is_one_declaration_unless_it_means_something_else():
-    """`--out` is a lock directory, a report directory, a Slurm directory and a JSON file: four options. Any
-    other flag two commands take is one declaration, so its help, default and checks cannot drift apart."""
+    """`--out` is a lock directory, a report directory, a Slurm directory and a JSON file: four options;
+    `--dry-run` writes scripts without submitting them, or says what a reclassify would change. Any other flag
+    two commands take is one declaration, so its help, default and checks cannot drift apart."""
     counts: dict[str, int] = {}
     for option in options.OPTIONS:
         counts[option.name] = counts.get(option.name, 0) + 1
     meanings = {name for name, count in counts.items() if count > 1}
-    assert meanings == {"matrix", "--out", "--format", "--store", "--python"}
+    assert meanings == {"matrix", "--out", "--format", "--store", "--python", "--dry-run"}
     for name in meanings:  # each meaning is its own: the same flag never reaches one command twice
         commands = [c for o in options.OPTIONS if o.name == name for c in o.commands]
         assert len(commands) == len(set(commands)), name
