@@ -186,6 +186,21 @@ def test_identical_runs_count_on_one_entry_and_the_bound_keeps_since(tmp_path: P
     assert set(found.history["cells"]) == {"b"} and found.categories == {"b": ("new", "first run in the history")}
 
 
+def test_a_class_named_again_from_the_log_changes_its_runs_entry_in_place(tmp_path: Path):
+    """`servematrix reclassify` renames a stored failure's class; published again from the same run, the
+    run's entry takes the new class and says what it was: no new entry, no category (not a new run)."""
+    first = history.advance(None, [row("a", "r1", 1, "fail:scheduler-died")], date="d1", root=tmp_path)
+    again = history.advance(first.history, [row("a", "r1", 1, "fail:graph-capture-failed")], date="d2",
+                            root=tmp_path)  # fmt: skip
+    (entry,) = again.history["cells"]["a"]["entries"]
+    assert entry["verdict"] == "fail:graph-capture-failed" and entry["run_id"] == "r1"
+    assert entry["named_again"] == {"was": "fail:scheduler-died", "on": "d2"}
+    assert again.no_new_run == 1 and again.again == "d1"
+    # A run's verdict that moved otherwise (a pass now a failure) is no renaming: the entry stays as it was.
+    moved = history.advance(again.history, [row("a", "r1", 1, "pass")], date="d3", root=tmp_path)
+    assert moved.history["cells"]["a"]["entries"][0]["verdict"] == "fail:graph-capture-failed"
+
+
 def _product_rows() -> list[dict[str, Any]]:
     record = json.loads((REPO / "docs" / "results" / "latest.json").read_text())
     rows = [e for e in record["cells"].values() if e["matrix"] == "matrix/glm5-nvfp4.toml"]

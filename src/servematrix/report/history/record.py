@@ -25,7 +25,9 @@ inputs). A rerun that leaves a cell unchanged is never a move: the intervals ove
 The bound: a run identical to the cell's previous one (same inputs, verdict, place, figures) only counts on
 its entry (`repeats`, `last_date`, `last_run_id`); a cell keeps its last `MAX_ENTRIES` entries, with how many
 were dropped and the day its current verdict began (`since`), so "since when does it fail" survives the
-bound. The record of publishes keeps its last `MAX_PUBLISHES`; a cell pruned from the published record
+bound. A failure whose class was named again from its stored log (`servematrix reclassify`) changes its
+run's entry in place: the new class, and `named_again` with the class the run had and the publish that
+renamed it. The record of publishes keeps its last `MAX_PUBLISHES`; a cell pruned from the published record
 (`--prune`) leaves the history with it.
 """
 
@@ -358,6 +360,7 @@ def advance(
         last = entries[-1] if entries else None
         if last is not None and row.get("run_id") in (last.get("run_id"), last.get("last_run_id")):
             kept += 1
+            _renamed(last, str(row.get("verdict")), date)
             continue
         key = (str(row.get("lock_file") or ""), str(row.get("lock_hash") or ""))
         if key not in pins_of:
@@ -408,6 +411,17 @@ def advance(
         {"date": date, "cells": len(rows), "counts": {c: n for c, n in advance_.counts().items() if n}},
     ][-MAX_PUBLISHES:]
     return advance_
+
+
+def _renamed(entry: dict[str, Any], verdict: str, date: str) -> None:
+    """A run already in the history whose failure class was named again from its log (`servematrix
+    reclassify`): the entry takes the new class and keeps the one the run had, with the publish that
+    renamed it. Not a new run, so no category; any other change of a run's verdict is not a renaming."""
+    was = str(entry.get("verdict"))
+    if verdict == was or verdict_kind(verdict) != "fail" or verdict_kind(was) != "fail":
+        return
+    entry["verdict"] = verdict
+    entry.setdefault("named_again", {"was": was})["on"] = date
 
 
 def _again(history: dict[str, Any], kept: int) -> Advance:
