@@ -12,6 +12,7 @@ plots and the HTML page are linked; `write(rows, out)` alone gives the plain tab
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from servematrix.classify import SignatureDataError, load_signatures
 from servematrix.engines import load_engine
 from servematrix.formats.verdict import RETRY_KINDS
 from servematrix.report.escape import code, is_slug, text
@@ -337,7 +339,7 @@ def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str]) -> str:
         )
         excerpt = (row.get("excerpt") or "").strip()
         if excerpt and row["verdict"] != "pass":
-            lines.append(f"  - evidence: {code(last_line(excerpt))}")
+            lines.append(f"  - evidence: {code(deciding_line(row))}")
         lines.extend(f"  - {label}: {text(note)}" for label, note in measured_notes(row))
         lines.append(f"  - reproduce: {code(reproduce(row))}")
     lines.append("\n</details>\n")
@@ -345,9 +347,40 @@ def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str]) -> str:
 
 
 def last_line(excerpt: str, limit: int = 200) -> str:
-    """The deciding line of an excerpt (its last), cut to `limit` characters."""
+    """An excerpt's last line, cut to `limit` characters."""
     lines = excerpt.strip().splitlines()
     return lines[-1][:limit] if lines else ""
+
+
+# A Python exception's own line ("RuntimeError: ...", "torch._dynamo.exc.Unsupported (in ...): ..."), not a
+# traceback frame nor what a server printed after it.
+_EXCEPTION_LINE = re.compile(
+    r"^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Unsupported|Interrupt|Exit|Warning)(?: \([^)]*\))?:\s"
+)
+
+
+def deciding_line(row: Row | Mapping[str, Any], limit: int = 200) -> str:
+    """The line of a failing row's excerpt that says why, cut to `limit` characters: the line its class's
+    signature matched (the engine's data), else its last exception line (a cause named from a traceback's
+    frames, a pre-flight's own error), else its last line. An excerpt holds lines after the deciding one (the
+    next frames, "Received sigquit", the load pre-flight's note of what it faked)."""
+    lines = [line for line in str(row.get("excerpt") or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    patterns = _class_patterns(str(row.get("engine") or ""), str(row.get("verdict") or ""))
+    matched = next((line for line in lines if any(p.search(line) for p in patterns)), None)
+    raised = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
+    return (matched or raised or lines[-1]).strip()[:limit]
+
+
+def _class_patterns(engine: str, verdict: str) -> tuple[re.Pattern[str], ...]:
+    """The log patterns of the signature a verdict's class names (none for a class no signature has)."""
+    cls = verdict.partition(":")[2].split(" ", 1)[0]
+    try:
+        signature = load_signatures(engine).get(cls) if cls else None
+    except SignatureDataError:
+        return ()
+    return tuple(signature.patterns) if signature is not None else ()
 
 
 def write(rows: Sequence[Row], out: Path, title: str = "Compatibility", extras: Extras = NO_EXTRAS) -> Path:

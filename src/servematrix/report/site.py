@@ -40,8 +40,8 @@ from servematrix.report.markdown import (
     axes_text,
     cell_order,
     deciding_evidence,
+    deciding_line,
     failure_class,
-    last_line,
     no_speedup,
     no_speedup_text,
     reproduce,
@@ -281,7 +281,7 @@ def _failure_cell(row: Row, nearest: Mapping[str, str]) -> dict[str, Any]:
         "verdict": row["verdict"],
         "evidence": deciding_evidence(row),
         "nearest": nearest.get(row["cell_id"], ""),
-        "line": last_line(row.get("excerpt") or ""),
+        "line": deciding_line(row),
         "reproduce": reproduce(row),
     }
 
