@@ -179,3 +179,37 @@ def test_starts_served_from_another_installed_set_are_not_resumed(monkeypatch, t
     assert "are not resumed: they were served from another installed set (fake, now another installed set)" in (
         out.getvalue()
     )
+
+
+class _FallsBackInOneMode(_HealthyBackend):
+    """The toy engine's `long` mode prints the two lines sglang 0.5.15 printed on the H200 when its own
+    model module did not import and it served through its Transformers fallback, then serves all the same."""
+
+    def launch(self, built, argv, env, port, *, model_dir):
+        spec = super().launch(built, argv, env, port, model_dir=model_dir)
+        if "4096" not in argv:
+            return spec
+        lines = (
+            "[2026-12-05 04:10:12] Ignore import error when loading sglang.srt.models.deepseek_v2: "
+            "No module named 'cutlass'\n"
+            "[2026-12-05 04:10:20] GlmMoeDsaForCausalLM has no SGLang implementation, falling back to "
+            "Transformers implementation. Some features may not be supported and performance may not be optimal.\n"
+        )
+        return dataclasses.replace(spec, argv=("sh", "-c", 'printf "%s" "$0"; exec "$@"', lines, *spec.argv))
+
+
+def test_a_server_that_answered_through_a_fallback_fails_its_cell(monkeypatch, tmp_path):
+    """The toy engine is given sglang's signature data (it has none of its own): the mode whose server fell
+    back fails `transformers-fallback` with the skipped import as evidence and no figures; the other passes."""
+    from servematrix.classify import scanner
+
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(TOY_ENGINES))
+    sglang = scanner.load_signatures("sglang")
+    monkeypatch.setattr(scanner, "load_signatures", lambda engine: sglang)
+    summary = _run(tmp_path, _FallsBackInOneMode(tmp_path))
+    assert sorted(summary.verdicts.values()) == ["fail:transformers-fallback", "pass"]
+    with Store(tmp_path / "s.sqlite") as store:
+        rows = {r["mode"]: r for r in store.latest()}
+    fell_back = rows["long"]
+    assert "sglang skipped its model modules: No module named 'cutlass'" in fell_back["evidence"]
+    assert fell_back["excerpt"].startswith("the server answered, but:") and not fell_back["metrics"]

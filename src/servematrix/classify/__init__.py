@@ -30,6 +30,7 @@ from servematrix.classify.scanner import (
     classify_file,
     classify_text,
     match_file,
+    pass_failure,
     scan_stream,
 )
 from servematrix.classify.signatures import (
@@ -69,6 +70,7 @@ __all__ = [
     "load_signatures",
     "match_file",
     "parse_signatures",
+    "pass_failure",
     "printable",
     "required_literals",
     "scan_stream",

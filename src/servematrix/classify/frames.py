@@ -124,7 +124,7 @@ class FrameTracker:
             return []  # most frames are in no rule: one search rejects them
         frame = None
         hits = []
-        for index, ((signature, evidence, rule), progress) in enumerate(zip(self._rules, self._progress, strict=True)):
+        for index, ((_, _, rule), progress) in enumerate(zip(self._rules, self._progress, strict=True)):
             if progress.done or index in self._reported or not rule.frames[progress.next].search(key):
                 continue
             if frame is None:
@@ -134,38 +134,25 @@ class FrameTracker:
             if progress.next == len(rule.frames):
                 progress.done = True
                 if rule.raises is None:
-                    self._reported.add(index)
-                    hits.append(
-                        FrameHit(
-                            rule=rule,
-                            signature=signature,
-                            evidence=evidence,
-                            line=number,
-                            text=text,
-                            frames=tuple(progress.frames),
-                        )
-                    )
+                    hits.append(self._hit(index, number, text, progress))
         return hits
 
     def _end(self, number: int, text: str) -> list[FrameHit]:
         hits = []
-        for index, ((signature, evidence, rule), progress) in enumerate(zip(self._rules, self._progress, strict=True)):
+        for index, ((_, _, rule), progress) in enumerate(zip(self._rules, self._progress, strict=True)):
             if not progress.done or rule.raises is None or index in self._reported:
                 continue
             if rule.raises.search(text):
-                self._reported.add(index)
-                hits.append(
-                    FrameHit(
-                        rule=rule,
-                        signature=signature,
-                        evidence=evidence,
-                        line=number,
-                        text=text,
-                        frames=tuple(progress.frames),
-                    )
-                )
+                hits.append(self._hit(index, number, text, progress))
         self._progress = []
         return hits
+
+    def _hit(self, index: int, number: int, text: str, progress: _Progress) -> FrameHit:
+        """Rule `index` decided at line `number`: reported once per log."""
+        self._reported.add(index)
+        signature, evidence, rule = self._rules[index]
+        frames = tuple(progress.frames)
+        return FrameHit(rule=rule, signature=signature, evidence=evidence, line=number, text=text, frames=frames)
 
 
 def shown(frames: tuple[Frame, ...]) -> str:

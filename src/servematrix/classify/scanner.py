@@ -142,6 +142,12 @@ class LogScanner:
             return conflict[1]
         return self._match(winner) if winner is not None else None
 
+    def failing_a_pass(self) -> Match | None:
+        """The most specific match of a signature that fails even a server that passed (`fails_a_pass`)."""
+        found = [c for c in self._candidates.values() if c.signature.fails_a_pass]
+        winner = max(found, key=lambda c: (c.signature.priority, -c.line), default=None)
+        return self._match(winner) if winner is not None else None
+
     def _import_conflict(self) -> tuple[Signature, Match] | None:
         """The traceback reader's finding, as the engine's `import-dependency-conflict` class (if it has one)."""
         signature = self.signatures.get(IMPORT_CONFLICT)
@@ -317,6 +323,15 @@ def classify_file(
 
 def match_file(path: Path | str, engine: str | Signatures, *, env: Mapping[str, str] | None = None) -> Match | None:
     """The most specific known cause in a log file, with its evidence, or None."""
+    return _scan_file(path, engine, env=env).best()
+
+
+def pass_failure(path: Path | str, engine: str | Signatures) -> Match | None:
+    """What fails the log of a server that passed (`LogScanner.failing_a_pass`), or None."""
+    return _scan_file(path, engine, env=None).failing_a_pass()
+
+
+def _scan_file(path: Path | str, engine: str | Signatures, *, env: Mapping[str, str] | None) -> LogScanner:
     try:
         with open(path, "rb") as log:
             scanner = scan_stream(log, engine, env=env)
@@ -324,7 +339,7 @@ def match_file(path: Path | str, engine: str | Signatures, *, env: Mapping[str, 
         raise InputError(f"cannot read log file: {exc.strerror}", Location(file=path)) from None
     if scanner.truncation_note:
         print(f"warning: {path}: {scanner.truncation_note}", file=sys.stderr)
-    return scanner.best()
+    return scanner
 
 
 def scan_stream(stream: BinaryIO, engine: str | Signatures, *, env: Mapping[str, str] | None = None) -> LogScanner:

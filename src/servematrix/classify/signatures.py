@@ -166,6 +166,9 @@ class Signature(DataTable):
     fix: tuple[PackageFix, ...] = ()
     # Assigned by the harness from outside the log (server-timeout); such a signature has no patterns.
     harness_assigned: StrictBool = False
+    # A server that passed, yet whose log shows this, fails with it: it served, but not the stack asked for
+    # (sglang's Transformers fallback in place of its own model code).
+    fails_a_pass: StrictBool = False
 
 
 class SignatureFile(DataTable):
@@ -209,7 +212,7 @@ def load_signatures(engine: str) -> Signatures:
     resource = resources.files("servematrix.data") / "signatures" / f"{engine}.toml"
     if not resource.is_file():
         # An engine may come without signatures (a new one, or one defined outside servematrix): its logs are
-        # then classified by nothing, and a failure is `fail:unclassified` with its last lines.
+        # then classified by nothing: a server that exits is `fail:server-exited`, with its last lines.
         from servematrix.engines import available_engines
 
         if engine not in available_engines():
@@ -258,6 +261,11 @@ def _signatures(source: TomlSource, *, engine: str | None, default_engine: str) 
             raise source.error((*at, "traceback"), "a harness-assigned signature matches no traceback: leave it out")
         if not signature.harness_assigned and not signature.patterns and not signature.traceback:
             raise source.error((*at, "patterns"), "needs at least one pattern (or a [[signature.traceback]])")
+        if signature.fails_a_pass and (signature.fatal or signature.harness_assigned):
+            raise source.error(
+                (*at, "fails_a_pass"),
+                "a signature that fails a pass is read from a passing log: fatal = false, not harness-assigned",
+            )
         if signature.id in seen:
             raise source.error((*at, "id"), f"duplicate signature id {signature.id!r}")
         seen.add(signature.id)

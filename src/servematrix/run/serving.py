@@ -2,10 +2,11 @@
 
 A start is: the run's argv (the planned one with the real model location, port and bind address, and the
 secret values filled in), launched through the backend on a port whose derived ports are valid and free,
-waited for (`stages/serve.py`), benchmarked (`stages/bench/`), its log checked for proof that the mode ran
-(`mode_check`), and always stopped. The benchmark client's ceiling is measured once per run, on the first
-cell that is benchmarked. The runner (`pipeline.py`) decides when a cell is served and how often, and turns
-what a start raises into a verdict.
+waited for (`stages/serve.py`), its log checked for a fallback to another implementation (`served_as_named`),
+benchmarked (`stages/bench/`), its log checked for proof that the mode ran (`mode_check`), and always
+stopped. The benchmark client's ceiling is measured once per run, on the first cell that is benchmarked. The
+runner (`pipeline.py`) decides when a cell is served and how often, and turns what a start raises into a
+verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import httpx
 from rich.console import Console
 
 from servematrix.backends import Backend, Built, LaunchSpec
+from servematrix.classify import pass_failure
 from servematrix.engines import Engine
 from servematrix.formats import verdict
 from servematrix.formats.verdict import Verdict
@@ -213,9 +215,13 @@ class CellServer:
                 seconds["serve"] = round(ready.seconds, 3)
                 if ready.after_ready_line_s is not None:
                     seconds["ready_after_log_line"] = round(ready.after_ready_line_s, 3)
+                # A server that fell back to another implementation printed so while it loaded: no benchmark.
+                named = served_as_named(spec.engine, log_path) if ready.ok else None
                 if not ready.ok:
                     assert ready.verdict is not None
                     result = ready.verdict
+                elif named is not None and named.kind != "pass":
+                    result = named
                 elif "bench" in self.options.stages:
                     self.stage(cell, "bench")
                     started_bench = time.monotonic()
@@ -433,6 +439,17 @@ def capture_seconds(log_path: Path) -> dict[str, float]:
         if (m := _CAPTURE.search(line)) is not None:
             found.setdefault(m.group("what"), []).append(float(m.group("s")))
     return {what: statistics.median(values) for what, values in found.items()}
+
+
+def served_as_named(engine: Engine, log_path: Path) -> Verdict:
+    """A served cell passes only if its log shows no signature that fails a pass (signature data
+    `fails_a_pass`): a server that answered through another implementation than the release's own (sglang's
+    Transformers fallback) says nothing about the stack the cell names."""
+    found = pass_failure(log_path, engine.name) if log_path.is_file() else None
+    if found is None:
+        return verdict.passed()
+    excerpt = f"the server answered, but: {found.title}\n{found.excerpt}"
+    return verdict.failed(found.cls, excerpt=excerpt, evidence=found.evidence)
 
 
 def mode_check(engine: Engine, cell: Cell, log_path: Path) -> Verdict:

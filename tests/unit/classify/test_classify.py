@@ -588,6 +588,14 @@ def test_harness_assigned_signature_must_have_no_patterns():
         parse_signatures(data, source="toy.toml")
 
 
+def test_only_a_non_fatal_signature_can_fail_a_pass():
+    data = GOOD.replace("priority = 10", "priority = 10\nfails_a_pass = true", 1)  # on the fatal one
+    with pytest.raises(SignatureDataError, match=r"signature\[0\]\.fails_a_pass: a signature that fails a pass"):
+        parse_signatures(data, source="toy.toml")
+    fine = GOOD.replace("priority = 5", "priority = 5\nfails_a_pass = true", 1)
+    assert [s.fails_a_pass for s in parse_signatures(fine, source="toy.toml")] == [False, True]
+
+
 def test_invalid_toml_names_the_line():
     with pytest.raises(SignatureDataError, match=r"^toy\.toml:3: invalid TOML"):
         parse_signatures('schema = 1\nengine = "toy"\n[[signature]\n', source="toy.toml")
