@@ -7,8 +7,8 @@ behaviour depends on those exact versions), and never when it is the node's torc
 links (NEVER), or something a small model on one Hopper GPU does not load (LEFT_OUT). The packages are installed
 with uv for the node's platform, hash-checked from the lock, stripped of the libraries the H200 lane does without
 (FA3's 1-2 GB `flash_ops`, Blackwell-only folders, static libraries), then compressed and split into parts that
-each fit one device call (64 MiB with the working tree). `ci/gpu/h200-bundle.sh RELEASE PARTS_DIR` unpacks it on
-the node.
+each fit one device call beside the working tree as it is when the bundle is made (64 MiB in all, a margin
+kept; `--part-mib` sets it). `ci/gpu/h200-bundle.sh RELEASE PARTS_DIR` unpacks it on the node.
 
     python3 ci/gpu/make_bundle.py matrix/locks/9fd74eab7972.lock.txt ci/gpu/h200-node-packages.txt OUT
 
@@ -72,8 +72,12 @@ LEFT_OUT = (
 )
 # Inside the installed tree: FA3 (1.07 GB in 0.5.12, 1.76 GB in 0.5.15), Blackwell-only kernels, static archives.
 STRIPPED = ("sgl_kernel/flash_ops*.so", "sgl_kernel/sm100", "**/*.a")
-# A device call carries 64 MiB with the working tree (about 23 MB): one part a call.
-PART_BYTES = 36 * 1024 * 1024
+# A device call carries 64 MiB with the working tree: one part a call, in what the tree leaves, less a margin
+# for what the tree gains before the visit (results, logs). Never below MIN_PART_BYTES: a tree that large
+# must shrink first.
+CALL_BYTES = 64 * 1024 * 1024
+MARGIN_BYTES = 4 * 1024 * 1024
+MIN_PART_BYTES = 8 * 1024 * 1024
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 
 
@@ -138,14 +142,31 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
-def _compress(site: Path, into: Path) -> bool:
-    """`tar | xz` of `site`, split into PART_BYTES parts in `into`; whether both ended well."""
+def tree_bytes(repo: Path) -> int:
+    """What a device call carries of the repository: its tracked files and the untracked ones git does not
+    ignore, as they are now."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    files = (repo / name for name in listed.decode("utf-8", "surrogateescape").split("\0") if name)
+    return sum(path.stat().st_size for path in files if path.is_file() and not path.is_symlink())
+
+
+def part_bytes(tree: int) -> int:
+    """The largest part that travels in one device call beside a working tree of `tree` bytes."""
+    return max(MIN_PART_BYTES, CALL_BYTES - tree - MARGIN_BYTES)
+
+
+def _compress(site: Path, into: Path, part: int) -> bool:
+    """`tar | xz` of `site`, split into parts of `part` bytes in `into`; whether both ended well."""
     tar = subprocess.Popen(["tar", "-C", str(site), "-c", "."], stdout=subprocess.PIPE)
     xz = subprocess.Popen(["xz", "-T0", "-6"], stdin=tar.stdout, stdout=subprocess.PIPE)
     assert tar.stdout is not None and xz.stdout is not None
     tar.stdout.close()
     index = 0
-    while chunk := xz.stdout.read(PART_BYTES):
+    while chunk := xz.stdout.read(part):
         (into / f"site.tar.xz.{index:02d}").write_bytes(chunk)
         index += 1
     return xz.wait() == 0 and tar.wait() == 0
@@ -159,11 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-out", action="append", default=[], metavar="NAME", help="also leave out NAME")
     parser.add_argument("--python-version", default="3.12")
     parser.add_argument("--platform", default="x86_64-manylinux_2_34")
+    parser.add_argument(
+        "--part-mib", type=int, metavar="N", help="parts of N MiB (default: what this working tree leaves of a call)"
+    )
     args = parser.parse_args(argv)
     for path in (args.lock, args.node):
         if not path.is_file():
             print(f"make_bundle: {path}: no such file", file=sys.stderr)
             return 2
+    tree = tree_bytes(Path(__file__).resolve().parents[2])
+    part_size = args.part_mib * 1024 * 1024 if args.part_mib else part_bytes(tree)
     carried, skipped = select(args.lock, args.node, tuple(args.keep_out))
     args.out.mkdir(parents=True, exist_ok=True)
     requirements = args.out / "requirements.txt"
@@ -185,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         # The parts are written aside and moved into place only when all of them are: no half a bundle.
         staging = Path(tempfile.mkdtemp(prefix=".parts-", dir=args.out))
         try:
-            if not _compress(site, staging):
+            if not _compress(site, staging, part_size):
                 print("make_bundle: tar | xz failed", file=sys.stderr)
                 return 1
             for old in args.out.glob("site.tar.xz.*"):
@@ -198,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     manifest = [
         f"lock: {args.lock.name}",
         f"carried: {len(carried)} packages, {sum(sizes.values()):,} bytes installed after stripping",
-        f"parts: {len(parts)}, {sum(p.stat().st_size for p in parts):,} bytes",
+        f"parts: {len(parts)}, {sum(p.stat().st_size for p in parts):,} bytes, each at most {part_size:,} "
+        f"(the working tree was {tree:,} bytes)",
         *(f"largest: {name}: {size:,} bytes" for name, size in sorted(sizes.items(), key=lambda kv: -kv[1])[:10]),
         *(f"stripped: {line}" for line in stripped),
         *(f"not carried: {line}" for line in skipped),

@@ -3,6 +3,7 @@ seconds), unpacked as the GPU node unpacks it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -37,6 +38,8 @@ def test_a_bundle_made_with_uv_unpacks_to_the_lock_s_packages_and_says_what_it_l
     assert (site / "six.py").is_file() and not any(site.glob("torch*"))
     manifest = (out / "MANIFEST.txt").read_text()
     assert "carried: 1 packages" in manifest and "not carried: torch==2.11.0: the node's CUDA stack" in manifest
+    # parts sized to what this working tree leaves of a device call, and the manifest says from what
+    assert re.search(r"each at most [\d,]+ \(the working tree was [\d,]+ bytes\)", manifest)
     assert "six==1.17.0" in (out / "requirements.txt").read_text()
     assert tarfile.is_tarfile(parts[0])
 

@@ -53,3 +53,26 @@ def test_the_committed_node_list_keeps_the_h200_bundle_to_what_the_node_lacks():
     # Without CuTe DSL's `cutlass`, 0.5.15 skipped its deepseek_v2 module and served GLM-5 through the
     # Transformers fallback, which failed (the H200, 2026-12-05).
     assert {"nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-cu13"} <= names
+
+
+def test_a_part_is_what_the_working_tree_leaves_of_a_device_call():
+    mib = 1024 * 1024
+    assert make_bundle.part_bytes(22 * mib) == 64 * mib - 22 * mib - make_bundle.MARGIN_BYTES
+    # part + tree + margin is one call, whatever the tree
+    for tree in (0, 10 * mib, 40 * mib):
+        assert make_bundle.part_bytes(tree) + tree + make_bundle.MARGIN_BYTES == make_bundle.CALL_BYTES
+    assert make_bundle.part_bytes(70 * mib) == make_bundle.MIN_PART_BYTES  # the tree must shrink first
+
+
+def test_the_working_tree_is_what_a_device_call_carries(tmp_path: Path):
+    """Tracked files and untracked ones git does not ignore travel; ignored ones (bundles, venvs) do not."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("parts/\n")
+    (tmp_path / "tracked.txt").write_bytes(b"x" * 1000)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "tracked.txt", ".gitignore"], check=True)
+    (tmp_path / "untracked.txt").write_bytes(b"y" * 300)
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "site.tar.xz.00").write_bytes(b"z" * 5000)
+    assert make_bundle.tree_bytes(tmp_path) == 1000 + 300 + len("parts/\n")
