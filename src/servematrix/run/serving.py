@@ -215,13 +215,11 @@ class CellServer:
                 seconds["serve"] = round(ready.seconds, 3)
                 if ready.after_ready_line_s is not None:
                     seconds["ready_after_log_line"] = round(ready.after_ready_line_s, 3)
-                # A server that fell back to another implementation printed so while it loaded: no benchmark.
-                named = served_as_named(spec.engine, log_path) if ready.ok else None
                 if not ready.ok:
                     assert ready.verdict is not None
                     result = ready.verdict
-                elif named is not None and named.kind != "pass":
-                    result = named
+                elif (named := served_as_named(spec.engine, log_path)).kind != "pass":
+                    result = named  # it fell back to another implementation while it loaded: no benchmark
                 elif "bench" in self.options.stages:
                     self.stage(cell, "bench")
                     started_bench = time.monotonic()
