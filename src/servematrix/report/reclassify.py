@@ -31,7 +31,7 @@ NOTE_PREFIX = "cause named again from the stored server log"
 
 @dataclass(frozen=True, kw_only=True)
 class Renamed:
-    """One stored row whose cause the current signatures name otherwise."""
+    """One stored row whose cause the current signatures name otherwise, with the row's new evidence."""
 
     run_id: str
     cell_id: str
@@ -101,7 +101,8 @@ def renamed(store: Store, store_path: Path) -> Iterator[Renamed]:
             line=found.line,
             log=log,
             excerpt=found.excerpt,
-            evidence=(*found.evidence, _note(was, engine, known[1])),
+            # The run's other evidence (its environment, its starts) stays, below the new cause.
+            evidence=(*found.evidence, _note(was, engine, known[1]), *_kept(row)),
         )
 
 
@@ -110,16 +111,18 @@ def _note(was: str, engine: str, digest: str) -> str:
     return f"{NOTE_PREFIX} on {day} by {engine}'s signatures {digest}: the run had named it {was}"
 
 
+def _kept(row: Row) -> list[str]:
+    """A row's evidence less an earlier renaming's note."""
+    return [str(e) for e in row.get("evidence") or [] if not str(e).startswith(NOTE_PREFIX)]
+
+
 def apply(store: Store, changes: Sequence[Renamed]) -> None:
-    """Write each change into its row, keeping the row's other evidence (its environment, its starts)."""
-    rows = {(str(r["run_id"]), str(r["cell_id"])): r for r in store.latest()}
+    """Write each change into its row."""
     for change in changes:
-        row = rows[(change.run_id, change.cell_id)]
-        kept = [e for e in row.get("evidence") or [] if not str(e).startswith(NOTE_PREFIX)]
         store.update(
             change.run_id,
             change.cell_id,
             verdict=f"fail:{change.now}",
             excerpt=change.excerpt,
-            evidence=[*change.evidence, *kept],
+            evidence=list(change.evidence),
         )
