@@ -16,11 +16,22 @@ site=/tmp/site-$release
 rm -rf "$site" && mkdir -p "$site"
 cat "$parts"/site.tar.xz.* | xz -d -T0 | tar -x -C "$site"
 path=$site
+# A package's .pth file adds its directories to sys.path only in a site directory, which PYTHONPATH is not:
+# nvidia-cutlass-dsl puts `cutlass` under nvidia_cutlass_dsl/python_packages that way, and without it sglang
+# 0.5.15 skips the modules that import it and serves GLM-5's architecture through its Transformers fallback
+# (seen on a device node, 2026-12-05). Its directory lines (not its `import` lines) join the path.
+for pth in "$site"/*.pth; do
+  [ -e "$pth" ] || continue
+  while IFS= read -r line; do
+    case $line in ''|'#'*|import*) continue ;; esac
+    path=$path:$site/$line
+  done < "$pth"
+done
 if [ "$release" = "0.5.12" ]; then
   extra=$3
   python3 -m pip install -q --no-index --no-deps --target "$site-x" "$extra"/extra-wheels/*.whl
   python3 -m pip install -q --no-index --no-deps --target "$site-k014" "$extra"/override-kernels-0.14.1/*.whl
-  path=$site-x:$site
+  path=$site-x:$path
   printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$site-k014:$path" > "/tmp/py-$release-kernels-0.14.1"
   chmod +x "/tmp/py-$release-kernels-0.14.1"
 fi

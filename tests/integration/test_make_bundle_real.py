@@ -44,25 +44,30 @@ def test_a_bundle_made_with_uv_unpacks_to_the_lock_s_packages_and_says_what_it_l
     assert tarfile.is_tarfile(parts[0])
 
 
-def _fake_bundle(parts: Path, architectures: tuple[str, ...]) -> None:
+def _fake_bundle(parts: Path, *, with_cutlass: bool) -> None:
     """A bundle part holding FAKE sglang, transformers and torch packages (named as fakes): what
-    h200-bundle.sh imports, with a model registry that knows `architectures`."""
+    h200-bundle.sh imports. The fake sglang registers GLM-5's class only when `cutlass` imports, as the real
+    one's GLM-5 module needs nvidia-cutlass-dsl, whose `cutlass` is reached through a .pth file only."""
     site = parts / "site"
     files = {
         "sglang/__init__.py": "__version__ = 'fake'\n",
         "sglang/srt/__init__.py": "",
         "sglang/srt/models/__init__.py": "",
         "sglang/srt/models/registry.py": (
-            f"class _Registry:\n    models = dict.fromkeys({architectures!r})\n\nModelRegistry = _Registry()\n"
+            "try:\n    import cutlass\n    _GLM5 = ('GlmMoeDsaForCausalLM',)\nexcept ImportError:\n    _GLM5 = ()\n"
+            "class _Registry:\n    models = dict.fromkeys(('LlamaForCausalLM', *_GLM5))\n\nModelRegistry = _Registry()\n"
         ),
         "transformers/__init__.py": "__version__ = 'fake'\n",
         "torch/__init__.py": "__version__ = 'fake'\n",
     }
+    if with_cutlass:  # nvidia-cutlass-dsl's layout
+        files["nvidia_cutlass_dsl/python_packages/cutlass/__init__.py"] = ""
+        files["nvidia_cutlass_dsl.pth"] = "nvidia_cutlass_dsl/python_packages\n"
     for name, text in files.items():
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(text)
     with tarfile.open(parts / "site.tar.xz.00", "w:xz") as tar:
-        for name in ("sglang", "transformers", "torch"):
+        for name in sorted({name.split("/")[0] for name in files}):
             tar.add(site / name, arcname=name)
 
 
@@ -70,9 +75,9 @@ def _fake_bundle(parts: Path, architectures: tuple[str, ...]) -> None:
 def test_the_node_s_unpacking_refuses_a_bundle_whose_sglang_lacks_a_lane_s_model_class(tmp_path, knows_glm5):
     """A bundle missing a package one of sglang's model modules imports loses that module's classes, and sglang
     serves those models through its Transformers fallback (GLM-5's failed so on the H200): the unpacking says so
-    before any GPU time is spent."""
-    archs = ("LlamaForCausalLM", "GlmMoeDsaForCausalLM") if knows_glm5 else ("LlamaForCausalLM",)
-    _fake_bundle(tmp_path, archs)
+    before any GPU time is spent. A package reached through a .pth file is on the wrappers' path (PYTHONPATH
+    does not read .pth files: GLM-5 fell back so on a device node while nvidia-cutlass-dsl was in the bundle)."""
+    _fake_bundle(tmp_path, with_cutlass=knows_glm5)
     release = f"test-{tmp_path.name}"  # its own /tmp/site-* and /tmp/py-*, not a real release's
     try:
         done = subprocess.run(
