@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,38 @@ def podman() -> str:
 @pytest.fixture(scope="session")
 def smoke_image(podman: str, test_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> SmokeImage:
     """The cpu-smoke transformers 5.24.0 environment's image, built from its real lock (once per session): the
-    podman backend's tests run it, and the image backend's stand-ins are built on it."""
-    return build_smoke_image(
+    podman backend's tests run it, and the image backend's stand-ins are built on it. It is removed after the
+    last test that uses it (`pytest_runtest_teardown`), not at the session's end."""
+    image = build_smoke_image(
         podman, test_cache / "container", tmp_path_factory.mktemp("locks"), tmp_path_factory.mktemp("build")
     )
+    _SMOKE_IMAGES.append(image)
+    return image
+
+
+# The smoke image holds 7 GB of torch's CUDA wheels. Kept to the session's end, it would take that much disk
+# from every test that runs after the last one using it (their environments fill uv's cache): CI machines of
+# this kind have had as little as 14 GB free. SERVEMATRIX_KEEP_TEST_IMAGES=1 keeps it for the next local run.
+_SMOKE_IMAGES: list[SmokeImage] = []
+KEEP_IMAGES_ENV = "SERVEMATRIX_KEEP_TEST_IMAGES"
+STANDIN_REPOSITORY = "localhost/transformers-serve"  # test_image_backend.py's stand-ins, built on the smoke image
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if not _SMOKE_IMAGES or any("smoke_image" in later.fixturenames for later in _later_items(item)):
+        return
+    image = _SMOKE_IMAGES.pop()
+    if os.environ.get(KEEP_IMAGES_ENV) == "1":
+        return
+    standins = subprocess.run(
+        [image.podman, "images", "--quiet", "--filter", f"reference={STANDIN_REPOSITORY}"],
+        capture_output=True, text=True, check=False,
+    ).stdout.split()  # fmt: skip
+    subprocess.run([image.podman, "rmi", "--force", *standins, image.built.image_digest or ""], check=False,
+                   capture_output=True)  # fmt: skip
+    subprocess.run([image.podman, "image", "prune", "--force"], capture_output=True, check=False)
+
+
+def _later_items(item: pytest.Item) -> list[pytest.Item]:
+    items = item.session.items
+    return items[items.index(item) + 1 :]

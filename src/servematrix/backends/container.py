@@ -37,7 +37,7 @@ import psutil
 from servematrix.backends import BuildInput, Built, LaunchSpec
 from servematrix.backends.resources import resource
 from servematrix.config.spec import GpuKind
-from servematrix.formats.lockfile import parse_pins, read_lock_header
+from servematrix.formats.lockfile import lock_layers, parse_pins, read_lock_header
 
 Tool = Literal["podman", "docker"]
 TOOLS: tuple[Tool, ...] = ("podman", "docker")
@@ -53,10 +53,23 @@ DEFAULT_BASE = "debian:bookworm-slim"  # environments without a CUDA axis (the C
 # When a GPU kind asks for GPUs and names no device option, give the container all of them.
 DEFAULT_PODMAN_DEVICES = ("nvidia.com/gpu=all",)
 DEFAULT_DOCKER_GPUS = "all"
+# The lock is installed in stages of the Dockerfile, the largest first: cuDNN and cuBLAS (1.8 GB of the
+# cpu-smoke image's 7.1 GB venv), torch's other CUDA libraries (2.5 GB), torch and triton (2.3 GB), then the
+# whole lock. While a step is committed its files are on disk several times over, so a build needs free disk
+# in proportion to its largest step: each stage but the last is built on its own first (`--target`), and the
+# cpu-smoke image took 14.4 GB of free disk at its peak so, and 30.0 GB as one step (docs/containers.md).
+# Environments with the same torch pins share the first three stages' layers through the build cache.
+# (stage, the context file its entries are written to, name patterns): containers/Dockerfile copies them.
+INSTALL_LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("cudnn-cublas", "layer-cudnn-cublas.txt", ("nvidia-cudnn-*", "nvidia-cublas-*")),
+    ("cuda-libs", "layer-cuda-libs.txt", ("nvidia-*",)),
+    ("torch", "layer-torch.txt", ("torch", "triton")),
+)
 EXTRA_CA_ENV = "SERVEMATRIX_EXTRA_CA_BUNDLE"
 BASE_IMAGE_ENV = "SERVEMATRIX_BASE_IMAGE"
 
-_STEP = re.compile(r"^(STEP \d+/\d+: |Step \d+/\d+ : |#\d+ \[[^\]]*\d+/\d+\] )")
+# A build step's header: podman's (with its stage, `[2/4] `, in a multi-stage build), docker's, BuildKit's.
+_STEP = re.compile(r"^((\[\d+/\d+\] )?STEP \d+/\d+: |Step \d+/\d+ : |#\d+ \[[^\]]*\d+/\d+\] )")
 EXCERPT_LINES = 40  # of a failed build's log, in a verdict
 _EXCERPT_WIDTH = 400
 
@@ -166,7 +179,9 @@ class ContainerBackend:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
     # -- build -----------------------------------------------------------------------------------
-    def build_argv(self, request: BuildInput, context: Path) -> list[str]:
+    def build_argv(self, request: BuildInput, context: Path, *, stage: str | None = None) -> list[str]:
+        """The build of the whole image, tagged, or of one of its install stages alone (`stage`), untagged: its
+        layers stay in the build cache for the next build."""
         target = self.target(request.env_id)
         header = read_lock_header(request.lockfile) if request.lockfile else None
         args = {
@@ -179,15 +194,8 @@ class ContainerBackend:
             "INDEX_URL": (header.index_url or "") if header else "",
             "EXTRA_INDEX_URLS": " ".join(header.extra_index_urls) if header else "",
         }
-        argv = [
-            self.executable,
-            "build",
-            "--force-rm",
-            "--file",
-            str(self.dockerfile),
-            "--tag",
-            self.image_tag(request),
-        ]
+        argv = [self.executable, "build", "--force-rm", "--file", str(self.dockerfile)]
+        argv += ["--target", stage] if stage is not None else ["--tag", self.image_tag(request)]
         for key, value in args.items():
             argv += ["--build-arg", f"{key}={value}"]
         return [*argv, str(context)]
@@ -220,13 +228,18 @@ class ContainerBackend:
         if existing is not None and _labels(existing).get(f"{LABEL}.recipe") == recipe:
             return image(existing, cached=True)
         context = self._context(request, lock_text)
-        argv = self.build_argv(request, context)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with log_path.open("w", encoding="utf-8") as log:
-                log.write(f"$ {' '.join(argv)}\n")
-                log.flush()
-                done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
+                for stage in [*(stage for stage, _, _ in INSTALL_LAYERS), None]:
+                    argv = self.build_argv(request, context, stage=stage)
+                    log.write(f"$ {' '.join(argv)}\n")
+                    log.flush()
+                    done = subprocess.run(
+                        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False
+                    )
+                    if done.returncode != 0:
+                        break
         finally:
             shutil.rmtree(context, ignore_errors=True)
         if done.returncode != 0:
@@ -237,11 +250,15 @@ class ContainerBackend:
         return image(built)
 
     def _context(self, request: BuildInput, lock_text: str) -> Path:
-        """A build context of exactly the two files the Dockerfile copies: nothing else reaches the daemon."""
+        """A build context of exactly the files the Dockerfile copies (the lock, its install layers, the extra
+        CA bundle): nothing else reaches the daemon."""
         self.root.mkdir(parents=True, exist_ok=True)
         context = self.root / f"context-{request.env_id}-{uuid.uuid4().hex[:8]}"
         context.mkdir()
         (context / "lock.txt").write_text(lock_text, encoding="utf-8")
+        layers = lock_layers(lock_text, [patterns for _, _, patterns in INSTALL_LAYERS])
+        for (_, name, _), layer in zip(INSTALL_LAYERS, layers, strict=True):
+            (context / name).write_text(layer, encoding="utf-8")
         ca = context / "extra-ca.crt"
         if self.extra_ca_bundle is not None:
             shutil.copyfile(self.extra_ca_bundle, ca)

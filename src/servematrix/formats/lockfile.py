@@ -9,7 +9,9 @@ Stages, backends and the Nix export all read locks through this module.
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ __all__ = [
     "LockedPackage",
     "TargetError",
     "index_args",
+    "lock_layers",
     "marker_environment",
     "parse_header",
     "parse_lock",
@@ -205,6 +208,24 @@ def parse_lock(text: str) -> dict[str, LockedPackage]:
 def parse_pins(text: str) -> dict[str, str]:
     """{normalized name: version} of a lock (or any `name==version` list)."""
     return {name: package.version for name, package in parse_lock(text).items()}
+
+
+def lock_layers(text: str, groups: Sequence[Sequence[str]]) -> list[str]:
+    """A lock's entries in install layers: for each group of name patterns (`fnmatch`, on normalized names),
+    the entries of the packages it is the first group to match, as a requirements file of the lock's own
+    lines (hashes and markers kept); a group that matches nothing is an empty text. What no group matches is
+    left to the whole lock, which an image installs last."""
+    layers: list[list[str]] = [[] for _ in groups]
+    for entry in _logical_lines(text):
+        m = _ENTRY_RE.match(entry)
+        if not m:
+            continue
+        name = canonicalize_name(m.group(1))
+        for layer, patterns in zip(layers, groups, strict=True):
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+                layer.append(" ".join(entry.split()))
+                break
+    return ["".join(f"{entry}\n" for entry in layer) for layer in layers]
 
 
 # ----------------------------------------------------------------------------------------------- target

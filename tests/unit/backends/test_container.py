@@ -16,6 +16,7 @@ import pytest
 from servematrix.backends import BuildInput, Built, LaunchSpec, container
 from servematrix.backends.container import (
     DEFAULT_BASE,
+    INSTALL_LAYERS,
     ContainerBackend,
     EnvTarget,
     build_excerpt,
@@ -27,8 +28,9 @@ from servematrix.backends.registry import select_backend
 from servematrix.backends.tools import probe_tool
 from servematrix.backends.venv import VenvBackend
 from servematrix.errors import InputError
+from servematrix.formats.lockfile import parse_pins
 from servematrix.planning.plan import make_plan
-from tests.conftest import MATRIX, SMALL_SGLANG, installed_tool
+from tests.conftest import MATRIX, REPO, SMALL_SGLANG, installed_tool
 
 DIGEST = "sha256:" + "ab" * 32
 LOCK = """\
@@ -219,6 +221,25 @@ def test_dockerfile_declares_every_build_arg_the_backend_passes(tmp_path):
         assert f"org.servematrix.{label}=" in text
 
 
+def test_dockerfile_copies_every_file_of_the_build_context(tmp_path):
+    """The context the backend writes and the files the Dockerfile copies are the same set: a layer file the
+    Dockerfile forgot would never be installed apart, one it copies that the context lacks fails every build."""
+    lock = next(p for p in sorted((REPO / "matrix" / "locks").glob("*.lock.txt")) if "\ntorch==" in p.read_text())
+    backend = ContainerBackend("podman", tmp_path)
+    context = backend._context(_request(tmp_path, lock=lock.read_text()), lock.read_text())
+    copied = set(re.findall(r"^COPY (\S+) ", default_dockerfile().read_text(), re.MULTILINE))
+    assert {p.name for p in context.iterdir()} == copied
+    layers = {name: parse_pins((context / name).read_text()) for _, name, _ in INSTALL_LAYERS}
+    stages = re.findall(r"^FROM \S+ AS (\S+)", default_dockerfile().read_text(), re.MULTILINE)
+    assert stages == [stage for stage, _, _ in INSTALL_LAYERS] + ["env"]  # the backend builds each in turn
+    assert {n.rsplit("-", 1)[0] for n in layers["layer-cudnn-cublas.txt"]} == {"nvidia-cudnn", "nvidia-cublas"}
+    assert layers["layer-cuda-libs.txt"] and all(n.startswith("nvidia-") for n in layers["layer-cuda-libs.txt"])
+    assert set(layers["layer-torch.txt"]) == {"torch", "triton"}
+    layered = {name: version for layer in layers.values() for name, version in layer.items()}
+    assert len(layered) == sum(map(len, layers.values()))  # no entry in two layers
+    assert parse_pins(lock.read_text()).items() >= layered.items()
+
+
 def test_dockerfile_is_hadolint_clean():
     done = subprocess.run(
         [installed_tool("hadolint"), str(default_dockerfile())], capture_output=True, text=True, check=False
@@ -244,6 +265,15 @@ if args[:2] == ["image", "inspect"]:
     else:
         print(f"Error: {args[2]}: image not known", file=sys.stderr)
         rc = 125
+elif args[0] == "build" and "--target" in args:  # an install stage alone: its layers go to the build cache
+    state["stages"] = state.get("stages", []) + [args[args.index("--target") + 1]]
+    if os.environ.get("FAKE_TOOL_FAIL"):
+        print("STEP 1/3: FROM localhost/base AS cuda-libs")
+        print("STEP 3/3: RUN pip install --require-hashes -r /opt/servematrix/layers/cuda-libs.txt")
+        print("ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.")
+        print("    nvidia-nccl-cu12==2.27.5 from https://files.example.invalid/nvidia_nccl.whl:")
+        print("Error: building at STEP \"RUN pip install\": exit status 1")
+        rc = 1
 elif args[0] == "build":
     tag = args[args.index("--tag") + 1]
     build_args = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--build-arg")
@@ -286,7 +316,8 @@ def fake_tool(tmp_path, monkeypatch):
 
         @staticmethod
         def builds() -> int:
-            return sum(1 for call in Fake.state().get("calls", []) if call[0] == "build")
+            """Builds of a whole image (each comes after one build per install stage)."""
+            return sum(1 for call in Fake.state().get("calls", []) if call[0] == "build" and "--tag" in call)
 
     return Fake
 
@@ -302,7 +333,10 @@ def test_build_once_then_reuse_the_image_without_building(tmp_path, fake_tool):
     assert first.ok and not first.cached
     assert first.image_digest == DIGEST
     assert first.lock_hash == request.lock_hash and first.installed == {"idna": "3.10"}
-    assert fake_tool.state()["context"] == {"lock.txt": LOCK, "extra-ca.crt": ca.read_text()}
+    layers = {name: "" for _, name, _ in INSTALL_LAYERS}
+    context = {"lock.txt": LOCK, **layers, "extra-ca.crt": ca.read_text()}
+    assert fake_tool.state()["context"] == context  # idna is in neither install layer: the lock installs it
+    assert fake_tool.state()["stages"] == ["cudnn-cublas", "cuda-libs", "torch"]  # each alone, before the image
     assert (tmp_path / "logs" / "e1.build.log").read_text().startswith("$ ")
     assert not list((tmp_path / "root").iterdir())  # the build context is removed
 
@@ -323,8 +357,9 @@ def test_failing_build_returns_the_failing_steps_lines(tmp_path, fake_tool, monk
     built = backend.build(_request(tmp_path), tmp_path / "e1.build.log")
     assert not built.ok
     lines = built.excerpt.splitlines()
-    assert lines[0] == "STEP 2/3: RUN pip install --require-hashes -r /opt/servematrix/lock.txt"
+    assert lines[0] == "STEP 3/3: RUN pip install --require-hashes -r /opt/servematrix/layers/cuda-libs.txt"
     assert "DO NOT MATCH THE HASHES" in built.excerpt and "STEP 1/3" not in built.excerpt
+    assert fake_tool.state()["stages"] == ["cudnn-cublas"] and fake_tool.builds() == 0  # nothing after the failure
 
 
 def test_build_without_a_lock_fails_with_a_reason(tmp_path, fake_tool):
@@ -349,6 +384,9 @@ def test_stop_removes_a_container_that_outlived_its_client(tmp_path, fake_tool):
 def test_build_excerpt_reads_podman_and_docker_step_headers():
     podman = 'STEP 1/2: FROM x\nok\nSTEP 2/2: RUN false\nboom\nError: building at STEP "RUN false"'
     assert build_excerpt(podman).splitlines()[:2] == ["STEP 2/2: RUN false", "boom"]
+    stages = "[3/4] STEP 5/5: RUN pip install -r torch.txt\n--> abc\n[4/4] STEP 1/17: FROM abc AS env\n"
+    stages += "[4/4] STEP 7/17: RUN pip install -r lock.txt\nERROR: THESE PACKAGES DO NOT MATCH THE HASHES"
+    assert build_excerpt(stages).splitlines()[0] == "[4/4] STEP 7/17: RUN pip install -r lock.txt"
     docker = "Step 1/2 : FROM x\n ---> 1\nStep 2/2 : RUN false\n ---> Running in 3\nThe command returned 1"
     assert build_excerpt(docker).startswith("Step 2/2 : RUN false")
     long = "STEP 3/3: RUN pip install\n" + "\n".join(f"Collecting p{i}" for i in range(200)) + "\nERROR: hash"

@@ -12,6 +12,7 @@ from servematrix.formats.lockfile import (
     LockedPackage,
     LockHeader,
     TargetError,
+    lock_layers,
     marker_environment,
     parse_header,
     parse_lock,
@@ -75,6 +76,27 @@ def test_the_body_is_read_with_continuations_markers_comments_and_extras():
         "torch": LockedPackage(version="2.9.1+cu128", hashes=frozenset({SHA_C})),
         "uvicorn": LockedPackage(version="0.38.0", hashes=frozenset()),
     }
+
+
+def test_lock_layers_take_each_entry_whole_into_the_first_group_that_names_it():
+    text = textwrap.dedent(
+        f"""\
+        # header
+        nvidia-cublas-cu12==12.8.4.1 ; sys_platform == 'linux' \\
+            --hash=sha256:{SHA_A}
+            # via torch
+        Torch==2.9.1 \\
+            --hash=sha256:{SHA_B} \\
+            --hash=sha256:{SHA_C}
+        transformers==5.24.0 \\
+            --hash=sha256:{SHA_C}
+        """
+    )
+    cuda, torch, empty = lock_layers(text, [("nvidia-*",), ("torch", "nvidia-cublas-cu12"), ("flashinfer-*",)])
+    assert cuda == f"nvidia-cublas-cu12==12.8.4.1 ; sys_platform == 'linux' --hash=sha256:{SHA_A}\n"
+    assert parse_lock(torch) == {"torch": LockedPackage(version="2.9.1", hashes=frozenset({SHA_B, SHA_C}))}
+    assert empty == ""  # transformers is in no layer: the whole lock installs it last
+    assert lock_layers(text, []) == []
 
 
 def test_target_tags_rank_like_an_installer():
