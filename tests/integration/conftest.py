@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MATRIX, REPO
-from tests.integration.images import SmokeImage, build_smoke_image, ready_podman
+from tests.integration.images import BUILT_ON_SMOKE_IMAGE, SmokeImage, build_smoke_image, ready_podman
 
 
 @pytest.fixture(scope="session")
@@ -51,11 +51,11 @@ def smoke_image(podman: str, test_cache: Path, tmp_path_factory: pytest.TempPath
 
 
 # The smoke image holds 7 GB of torch's CUDA wheels. Kept to the session's end, it would take that much disk
-# from every test that runs after the last one using it (their environments fill uv's cache): CI machines of
-# this kind have had as little as 14 GB free. SERVEMATRIX_KEEP_TEST_IMAGES=1 keeps it for the next local run.
+# from every test that runs after the last one using it (their environments fill uv's cache), and machines of
+# CI's kind have had 14 GB free. So the images built on it (`BUILT_ON_SMOKE_IMAGE`) and it go after that test;
+# SERVEMATRIX_KEEP_TEST_IMAGES=1 keeps them for the next local run.
 _SMOKE_IMAGES: list[SmokeImage] = []
 KEEP_IMAGES_ENV = "SERVEMATRIX_KEEP_TEST_IMAGES"
-STANDIN_REPOSITORY = "localhost/transformers-serve"  # test_image_backend.py's stand-ins, built on the smoke image
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
@@ -64,12 +64,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     image = _SMOKE_IMAGES.pop()
     if os.environ.get(KEEP_IMAGES_ENV) == "1":
         return
-    standins = subprocess.run(
-        [image.podman, "images", "--quiet", "--filter", f"reference={STANDIN_REPOSITORY}"],
-        capture_output=True, text=True, check=False,
-    ).stdout.split()  # fmt: skip
-    subprocess.run([image.podman, "rmi", "--force", *standins, image.built.image_digest or ""], check=False,
-                   capture_output=True)  # fmt: skip
+    built = [*BUILT_ON_SMOKE_IMAGE, image.built.image_digest or ""]
+    BUILT_ON_SMOKE_IMAGE.clear()
+    subprocess.run([image.podman, "rmi", "--force", *built], capture_output=True, check=False)
     subprocess.run([image.podman, "image", "prune", "--force"], capture_output=True, check=False)
 
 

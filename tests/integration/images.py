@@ -24,6 +24,8 @@ from tests.conftest import MATRIX
 
 BASE_IMAGE = os.environ.get("SERVEMATRIX_BASE_IMAGE", "localhost/bookworm-base")
 GOOD = "transformers=5.24.0"
+# Images a test built FROM the smoke image (their IDs): removed with it (conftest.py).
+BUILT_ON_SMOKE_IMAGE: list[str] = []
 
 
 def extra_ca() -> Path | None:

@@ -22,7 +22,7 @@ from servematrix.cli import main
 from servematrix.formats.lockfile import parse_pins
 from servematrix.report.rows import tok_s
 from servematrix.store.store import Store
-from tests.integration.images import SmokeImage
+from tests.integration.images import BUILT_ON_SMOKE_IMAGE, SmokeImage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -54,6 +54,7 @@ def standins(smoke_image: SmokeImage, tmp_path_factory: pytest.TempPathFactory) 
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         ids[version] = "sha256:" + _podman(podman, "image", "inspect", "--format", "{{.Id}}", _tag(version)).strip()
+        BUILT_ON_SMOKE_IMAGE.append(ids[version])
     return ids
 
 
