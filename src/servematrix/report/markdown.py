@@ -58,6 +58,9 @@ class Extras:
     baseline: str | None = None  # what regressions were checked against, as shown to readers
     packing: Sequence[str] = ()  # a line per packed run of the store: its makespan against its lower bound
     history: str = ""  # this publish's categories and the pre-flight's track record (`report.history`)
+    # matrix -> its file's `description`: what its figures are and are not (a random model, a GPU that is not the
+    # product's), read where the matrix file is
+    descriptions: Mapping[str, str] = field(default_factory=dict)
 
     def regressed(self, cell_id: str) -> list[Regression]:
         return [r for r in self.regressions if r.cell_id == cell_id]
@@ -230,6 +233,7 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
     counts = ", ".join(f"{n} {text(kind)}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
     lines = [
         f"## {code(matrix)}\n",
+        *([f"{text(extras.descriptions[matrix])}\n"] if extras.descriptions.get(matrix) else []),
         f"{len(rows)} cell(s) of this matrix: {counts}.\n",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

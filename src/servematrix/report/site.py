@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import re
 import shlex
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -122,6 +123,7 @@ def build_report(
         baseline=shown_baseline,
         packing=packing,
         history=history_markdown(history, rows),
+        descriptions=matrix_descriptions(rows),
     )
     md_path = markdown.write(rows, out_dir / markdown_name, title, extras)
     html_path = atomic_write(
@@ -143,6 +145,20 @@ def build_report(
         baseline=baseline if previous is not None else None,
         history_summary=history.summary() if history is not None else "",
     )
+
+
+def matrix_descriptions(rows: Sequence[Row]) -> dict[str, str]:
+    """Each matrix's `description`, from its file where the report is built (a row names its matrix by the path
+    the run was given). A matrix file that is gone or unreadable only loses its line: the rows are the record."""
+    found = {}
+    for matrix in sorted({row["matrix"] for row in rows}):
+        try:
+            description = tomllib.loads(Path(matrix).read_text(encoding="utf-8")).get("description")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(description, str) and description.strip():
+            found[matrix] = description.strip()
+    return found
 
 
 def _shown(path: Path, out_dir: Path) -> str:

@@ -700,3 +700,23 @@ def test_the_published_record_keeps_each_modes_correctness_and_capture_times_not
     # rendered again from the published record alone, the page is the same
     again = build_report(published_rows(export), tmp_path / "b", baseline=None)
     assert again.markdown.read_text() == text_
+
+
+def test_a_matrix_section_says_what_its_figures_are_from_the_matrix_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A matrix whose figures are not the product's (a random model, another GPU) says so above its table, in its
+    # file's own words; a matrix file the report cannot read only loses that line.
+    (tmp_path / "matrix").mkdir()
+    (tmp_path / "matrix" / "arch.toml").write_text('engine = "sglang"\ndescription = "random weights, not Blackwell"\n')
+    (tmp_path / "matrix" / "broken.toml").write_text('description = "unterminated\n')
+    rows = [
+        row("a1", sglang="0.5.9", flashinfer="pinned", mode="baseline", verdict="pass", matrix="matrix/arch.toml"),
+        row("b1", sglang="0.5.9", flashinfer="pinned", mode="baseline", verdict="pass", matrix="matrix/broken.toml"),
+        row("c1", sglang="0.5.9", flashinfer="pinned", mode="baseline", verdict="pass", matrix="matrix/gone.toml"),
+    ]
+    monkeypatch.chdir(tmp_path)
+    text = build_report(rows, tmp_path / "site", baseline=None, write_record=False).markdown.read_text()
+    sections = {s.split("`", 1)[0]: s for s in text.split("## `")[1:]}
+    assert "random weights, not Blackwell" in sections["matrix/arch.toml"]
+    assert text.count("random weights, not Blackwell") == 1
+    assert "unterminated" not in sections["matrix/broken.toml"]
+    assert "cell(s) of this matrix" in sections["matrix/gone.toml"]
