@@ -702,7 +702,9 @@ def test_the_published_record_keeps_each_modes_correctness_and_capture_times_not
     assert again.markdown.read_text() == text_
 
 
-def test_a_matrix_section_says_what_its_figures_are_from_the_matrix_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_matrix_section_says_what_its_figures_are_from_the_matrix_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     # A matrix whose figures are not the product's (a random model, another GPU) says so above its table, in its
     # file's own words; a matrix file the report cannot read only loses that line.
     (tmp_path / "matrix").mkdir()
