@@ -87,7 +87,7 @@ def test_sglangs_own_glm5_class_builds_the_random_glm5_for_hopper(release, tmp_p
     """Issue 36's CPU check: the GLM-5-shaped model the H200 lane serves (matrix/h200-glm5.toml, its config from
     the builder) is built by the release's own GlmMoeDsaForCausalLM for sm_90, with the lane's FlashMLA backends."""
     _, lockfile, python = release
-    plan = make_plan(REPO / "matrix" / "h200-glm5.toml", select=["sglang=0.5.12"])
+    plan = make_plan(REPO / "matrix" / "h200-glm5.toml", select=["sglang=0.5.12", "gpu=h200"])
     cells = [c for c in plan.cells if c.applicable]  # full is 0.5.15's
     assert sorted(c.mode for c in cells) == ["baseline", "breakable", "piecewise"]
     for cell in cells:
