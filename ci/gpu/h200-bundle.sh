@@ -19,10 +19,11 @@ path=$site
 # A package's .pth file adds its directories to sys.path only in a site directory, which PYTHONPATH is not:
 # nvidia-cutlass-dsl puts `cutlass` under nvidia_cutlass_dsl/python_packages that way, and without it sglang
 # 0.5.15 skips the modules that import it and serves GLM-5's architecture through its Transformers fallback
-# (seen on a device node, 2026-12-05). Its directory lines (not its `import` lines) join the path.
+# (seen on a device node, 2026-12-05). Its directory lines (not its `import` lines) join the path. Its last
+# line may lack a newline (nvidia-cutlass-dsl 4.5.2's only line does), which `read` returns false on.
 for pth in "$site"/*.pth; do
   [ -e "$pth" ] || continue
-  while IFS= read -r line; do
+  while IFS= read -r line || [ -n "$line" ]; do
     case $line in ''|'#'*|import*) continue ;; esac
     path=$path:$site/$line
   done < "$pth"

@@ -62,7 +62,9 @@ def _fake_bundle(parts: Path, *, with_cutlass: bool) -> None:
     }
     if with_cutlass:  # nvidia-cutlass-dsl's layout
         files["nvidia_cutlass_dsl/python_packages/cutlass/__init__.py"] = ""
-        files["nvidia_cutlass_dsl.pth"] = "nvidia_cutlass_dsl/python_packages\n"
+        # as nvidia-cutlass-dsl 4.5.2 ships it: one line, no newline at its end (a shell `read` loop that
+        # needs one skipped it, and GLM-5 fell back on the device node again)
+        files["nvidia_cutlass_dsl.pth"] = "nvidia_cutlass_dsl/python_packages"
     for name, text in files.items():
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(text)
