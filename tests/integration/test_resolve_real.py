@@ -117,6 +117,7 @@ def test_unreachable_index_is_an_error_not_unresolvable(locks, pins_cache, monke
     out = lock(locks, pins_cache, "unreachable", ["sglang==0.5.9"], index_url=UNREACHABLE_INDEX)
     assert out.status == "error", out.reason
     assert "Connection refused" in out.reason
+    assert out.reason.startswith("no lock for this environment (unreachable.lock.txt in ")
     assert out.lockfile is None
 
 

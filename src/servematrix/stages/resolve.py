@@ -45,7 +45,7 @@ from servematrix.formats.lockfile import (
 )
 from servematrix.formats.releasedate import ReleaseDateError, release_date
 from servematrix.formats.remotewheel import RemoteWheelError, wheel_metadata
-from servematrix.stages.uvfailure import Status, classify_failure, trim_reason
+from servematrix.stages.uvfailure import Status, classify_failure, failure_kind, trim_reason
 from servematrix.util import Captured, atomic_write, run_captured, uv_env
 
 __all__ = [
@@ -534,6 +534,8 @@ def resolve(
         run = compiling.result()
     if run.returncode != 0:
         status, reason = classify_failure(run.stderr)
+        if failure_kind(run.stderr) == "network":
+            reason = f"{_no_usable_lock(lockfile)}\n{reason}"
         return outcome(status, reason, crossed=crossed)
 
     body = run.stdout if run.stdout.endswith("\n") else run.stdout + "\n"
@@ -541,6 +543,20 @@ def resolve(
     text = render_header(header) + body
     atomic_write(lockfile, text, durable=True)
     return outcome("resolved", pins=parse_pins(body), lockfile=lockfile, crossed=crossed)
+
+
+def _no_usable_lock(lockfile: Path) -> str:
+    """What a host that reached no index lacked: a lock made from these inputs. GPU nodes often reach no index,
+    and a matrix that gains an axis value (a GPU kind is part of an environment) has environments without one."""
+    made = (
+        f"{lockfile} was made from other inputs"
+        if lockfile.exists()
+        else f"no lock for this environment ({lockfile.name} in {lockfile.parent})"
+    )
+    return (
+        f"{made}, and uv could not reach the index to lock it: run `servematrix lock MATRIX` where an index is "
+        "reachable and bring the lock along"
+    )
 
 
 # ---------------------------------------------------------------------------------------- many at once

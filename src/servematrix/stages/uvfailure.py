@@ -49,7 +49,7 @@ def trim_reason(stderr: str, *, max_lines: int = _MAX_REASON_LINES) -> str:
     return "\n".join(kept)
 
 
-def _failure_kind(stderr: str) -> Literal["network", "offline-miss", "conflict", "other"]:
+def failure_kind(stderr: str) -> Literal["network", "offline-miss", "conflict", "other"]:
     """Which kind of failure uv's stderr shows, by the patterns of data/harness_faults.toml [resolve]."""
     text = _strip_ansi(stderr)
     rules = harness_faults().resolve
@@ -68,7 +68,7 @@ def classify_failure(stderr: str) -> tuple[Status, str]:
     Only a resolver conflict is `unresolvable`; network trouble, an offline cache miss and anything
     unrecognised are `error`, so that they are retried rather than published as a verdict.
     """
-    kind = _failure_kind(stderr)
+    kind = failure_kind(stderr)
     status: Status = "unresolvable" if kind == "conflict" else "error"
     reason = trim_reason(stderr)
     if not reason:

@@ -506,7 +506,30 @@ def test_network_failure_online_is_error_and_keeps_old_lock(tmp_path, pins_cache
     out = _resolve(tmp_path, pins_cache)
     assert out.status == "error" and out.lockfile is None and out.pins == {}
     assert "Connection refused" in out.reason
+    assert f"{lock} was made from other inputs, and uv could not reach the index" in out.reason
     assert lock.read_text().endswith("sglang==0.5.11\n")
+
+
+def test_network_failure_without_a_lock_says_which_lock_is_missing_and_how_to_make_it(
+    tmp_path, pins_cache, monkeypatch
+):
+    # A GPU node that reaches no index, in a matrix that just gained a GPU kind (2026-12-05): the reason names the
+    # lock it lacked, not only uv's DNS error.
+    monkeypatch.setattr(subprocess, "run", FakeUv((2, "", fixture("connection-refused.stderr"))))
+    out = _resolve(tmp_path, pins_cache)
+    assert out.status == "error" and out.lockfile is None
+    first, _, rest = out.reason.partition("\n")
+    assert first.startswith("no lock for this environment (env-0123abcd.lock.txt in ")
+    assert "`servematrix lock MATRIX` where an index is reachable" in first
+    assert "Connection refused" in rest
+
+
+def test_a_conflict_says_nothing_of_locks(tmp_path, pins_cache, monkeypatch):
+    monkeypatch.setattr(
+        subprocess, "run", FakeUv((1, "", fixture("no-solution-sglang-0.5.9-flashinfer-0.6.12.stderr")))
+    )
+    out = _resolve(tmp_path, pins_cache)
+    assert out.status == "unresolvable" and "lock" not in out.reason.lower()
 
 
 def test_conflict_online_is_unresolvable_without_lockfile(tmp_path, pins_cache, monkeypatch):
