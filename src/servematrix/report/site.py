@@ -329,8 +329,12 @@ def render_html(
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
         by_matrix.setdefault(row["matrix"], []).append(row)
+    descriptions = matrix_descriptions(rows)
     sections = [
-        _matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions)
+        {
+            **_matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions),
+            "description": descriptions.get(matrix, ""),
+        }
         for matrix, group in by_matrix.items()
     ]
     changes = history_view(history, sections, rows)  # each cell's timeline, and this publish's categories

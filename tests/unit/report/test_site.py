@@ -716,9 +716,15 @@ def test_a_matrix_section_says_what_its_figures_are_from_the_matrix_file(
         row("c1", sglang="0.5.9", flashinfer="pinned", mode="baseline", verdict="pass", matrix="matrix/gone.toml"),
     ]
     monkeypatch.chdir(tmp_path)
-    text = build_report(rows, tmp_path / "site", baseline=None, write_record=False).markdown.read_text()
+    result = build_report(rows, tmp_path / "site", baseline=None, write_record=False)
+    text = result.markdown.read_text()
     sections = {s.split("`", 1)[0]: s for s in text.split("## `")[1:]}
     assert "random weights, not Blackwell" in sections["matrix/arch.toml"]
     assert text.count("random weights, not Blackwell") == 1
     assert "unterminated" not in sections["matrix/broken.toml"]
     assert "cell(s) of this matrix" in sections["matrix/gone.toml"]
+    # the interactive page says it in the same place: under the matrix's heading, once
+    page = result.html.read_text()
+    arch = page.split('data-matrix="matrix/arch.toml"', 1)[1].split("</section>", 1)[0]
+    assert '<p class="matrix-description">random weights, not Blackwell</p>' in arch
+    assert page.count('class="matrix-description"') == 1
