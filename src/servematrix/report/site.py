@@ -112,6 +112,7 @@ def build_report(
     classes = failure_classes(rows)
     failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR, table=markdown_name)
     shown_baseline = _shown(baseline, shown_from or out_dir) if baseline is not None and previous is not None else None
+    descriptions = matrix_descriptions(rows)
     extras = Extras(
         failure_pages={cls: f"{FAILURES_DIR}/{_page_name(cls)}" for cls in classes},
         regressions=regressions,
@@ -123,12 +124,20 @@ def build_report(
         baseline=shown_baseline,
         packing=packing,
         history=history_markdown(history, rows),
-        descriptions=matrix_descriptions(rows),
+        descriptions=descriptions,
     )
     md_path = markdown.write(rows, out_dir / markdown_name, title, extras)
     html_path = atomic_write(
         out_dir / HTML_NAME,
-        render_html(rows, title=title, plots=plots, regressions=regressions, baseline=shown_baseline, history=history),
+        render_html(
+            rows,
+            title=title,
+            plots=plots,
+            regressions=regressions,
+            baseline=shown_baseline,
+            history=history,
+            descriptions=descriptions,
+        ),
     )
     results_path = (
         write_export(export_results(rows, previous=previous), results or out_dir / RESULTS_PATH)
@@ -323,17 +332,17 @@ def render_html(
     regressions: Sequence[Regression] = (),
     baseline: str | None = None,
     history: Advance | None = None,
+    descriptions: Mapping[str, str] | None = None,  # matrix -> its description (`matrix_descriptions`)
 ) -> str:
     classes = failure_classes(rows)
     used = sorted({c for r in rows if (c := failure_class(str(r["verdict"])))})
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
         by_matrix.setdefault(row["matrix"], []).append(row)
-    descriptions = matrix_descriptions(rows)
     sections = [
         {
             **_matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions),
-            "description": descriptions.get(matrix, ""),
+            "description": (descriptions or {}).get(matrix, ""),
         }
         for matrix, group in by_matrix.items()
     ]
