@@ -186,6 +186,33 @@ def test_identical_runs_count_on_one_entry_and_the_bound_keeps_since(tmp_path: P
     assert set(found.history["cells"]) == {"b"} and found.categories == {"b": ("new", "first run in the history")}
 
 
+def test_a_stopped_run_is_undecided_and_the_next_decided_run_is_compared_past_it(tmp_path: Path):
+    """A GPU cell stopped by a device call's time limit (`interrupted`) and finished by the next run, with the
+    same inputs, was called flaky (verdict interrupted → pass): the stop is no move of the stack."""
+    m = metrics((9.0, 10.0, 11.0))
+    found = history.advance(None, [row("a", "r1", 1, "interrupted")], date="d1", root=tmp_path)
+    assert found.categories["a"][0] == "undecided" and "decided nothing about the stack" in found.categories["a"][1]
+    found = history.advance(found.history, [row("a", "r2", 2, "pass", metrics=m)], date="d2", root=tmp_path)
+    assert found.categories == {"a": ("new", "first decided run in the history")}
+    assert found.history["cells"]["a"]["since"] == "2026-01-02T00:00:00+00:00"
+    # Stopped again, then passing within the same noise: unchanged against the pass, and `since` kept.
+    found = history.advance(found.history, [row("a", "r3", 3, "error:gpu-lost")], date="d3", root=tmp_path)
+    assert found.categories["a"][0] == "undecided" and found.lines() == [
+        "undecided: cell a: error:gpu-lost: decided nothing about the stack; the cell runs again"
+    ]
+    found = history.advance(found.history, [row("a", "r4", 4, "pass", metrics=m)], date="d4", root=tmp_path)
+    assert found.categories == {"a": ("unchanged", "")}
+    assert found.history["cells"]["a"]["since"] == "2026-01-02T00:00:00+00:00"
+    # ... and a failure after a stop is still told against the pass before the stop.
+    found = history.advance(found.history, [row("a", "r5", 5, "interrupted")], date="d5", root=tmp_path)
+    found = history.advance(found.history, [row("a", "r6", 6, "fail:scheduler-died")], date="d6", root=tmp_path)
+    assert found.categories["a"] == ("flaky", "verdict pass → fail:scheduler-died with identical inputs")
+    assert found.history["cells"]["a"]["since"] == "2026-01-06T00:00:00+00:00"
+    assert [e["category"] for e in found.history["cells"]["a"]["entries"]] == [
+        "undecided", "new", "undecided", "unchanged", "undecided", "flaky"
+    ]  # fmt: skip
+
+
 def test_a_class_named_again_from_the_log_changes_its_runs_entry_in_place(tmp_path: Path):
     """`servematrix reclassify` renames a stored failure's class; published again from the same run, the
     run's entry takes the new class and says what it was: no new entry, no category (not a new run)."""

@@ -20,7 +20,10 @@ Each new run is sorted into a category against the cell's previous run (`categor
 `regressed` and `fixed` (a verdict from pass to a failure or back, or a figure whose interval fell below
 the previous one, with the inputs changed), `changed-inputs` (any other move with the inputs changed) and
 `flaky` (the verdict moved, or a figure's interval no longer overlaps the previous one, with identical
-inputs). A rerun that leaves a cell unchanged is never a move: the intervals overlap.
+inputs). A rerun that leaves a cell unchanged is never a move: the intervals overlap. A run that decided
+nothing about the stack (`error:*`, `interrupted`: the harness failed or was stopped, and the cell runs
+again) is `undecided`, and a decided run is compared with the cell's previous decided run, past any
+undecided ones: a cell stopped by a job's time limit and finished by the next run is not flaky.
 
 The bound: a run identical to the cell's previous one (same inputs, verdict, place, figures) only counts on
 its entry (`repeats`, `last_date`, `last_run_id`); a cell keeps its last `MAX_ENTRIES` entries, with how many
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.formats.lockfile import parse_header, parse_pins
+from servematrix.formats.verdict import RETRY_KINDS
 from servematrix.report.regressions import spreads, ttft_spreads
 from servematrix.store.rowschema import Row
 from servematrix.util import atomic_write
@@ -50,7 +54,7 @@ SCHEMA = 1
 HISTORY = Path("results") / "history.json"  # the feed, inside the site, beside results/latest.json
 MAX_ENTRIES = 60  # per cell, after run-length compression
 MAX_PUBLISHES = 60
-CATEGORIES = ("new", "unchanged", "regressed", "fixed", "changed-inputs", "flaky")
+CATEGORIES = ("new", "unchanged", "undecided", "regressed", "fixed", "changed-inputs", "flaky")
 FAILED_KINDS = frozenset({"fail", "unresolvable", "predicted-fail"})
 _LOCK_CHANGES_SHOWN = 40  # packages listed per lock change; the rest are counted
 
@@ -188,8 +192,15 @@ def _interval(entry: Mapping[str, Any], key: str) -> str:
     return f"{median:,.4g} ({low:,.4g}–{high:,.4g})"
 
 
+def decided(verdict: object) -> bool:
+    """Whether a run's verdict says something about the stack (not an error of the harness, not stopped)."""
+    return verdict_kind(str(verdict)) not in RETRY_KINDS
+
+
 def categorize(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> tuple[str, str]:
-    """(category, why) of a new entry against the cell's previous one."""
+    """(category, why) of a new entry against the cell's previous decided one (`previous_decided`)."""
+    if not decided(after.get("verdict")):
+        return "undecided", f"{after.get('verdict')}: decided nothing about the stack; the cell runs again"
     if before is None:
         return "new", "first run in the history"
     verdict_moved = before.get("verdict") != after.get("verdict")
@@ -212,6 +223,11 @@ def categorize(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> tu
     if stack_changed and not verdict_moved and any(d == "down" for _, d in figs):
         return "regressed", f"{what}; {changed}"
     return "changed-inputs", f"{what}; {changed}"
+
+
+def previous_decided(entries: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The newest entry whose run decided the cell: a new run is compared with it, past stopped runs."""
+    return next((e for e in reversed(entries) if decided(e.get("verdict"))), None)
 
 
 def _what_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
@@ -367,7 +383,10 @@ def advance(
             pins_of[key] = read_pins(row.get("lock_file"), row.get("lock_hash"), root)
         pins = pins_of[key]
         entry = entry_of(row, pins)
-        category, why = categorize(last, entry)
+        before = previous_decided(entries)
+        category, why = categorize(before, entry)
+        if category == "new" and entries:  # only stopped runs before it
+            why = "first decided run in the history"
         categories[cell_id] = (category, why)
         if last is not None and _identical(last, entry):
             last["repeats"] = int(last.get("repeats", 1)) + 1
@@ -385,10 +404,10 @@ def advance(
             entry["lock_changes"] = lock_changes(locks[last["lock"]], pins)
         if pins is not None:
             locks[entry["lock"]] = dict(pins)
-        if (
-            last is None
-            or verdict_kind(str(last.get("verdict"))) != verdict_kind(entry["verdict"])
-            or "since" not in cell
+        # A stopped run does not end what the cell's verdict has been since.
+        if "since" not in cell or (
+            decided(entry["verdict"])
+            and (before is None or verdict_kind(str(before.get("verdict"))) != verdict_kind(entry["verdict"]))
         ):
             cell["since"] = entry["date"]
         cell.setdefault("first", entry["date"])
