@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from servematrix.classify import SignatureDataError, load_signatures
@@ -61,6 +62,9 @@ class Extras:
     # matrix -> its file's `description`: what its figures are and are not (a random model, a GPU that is not the
     # product's), read where the matrix file is
     descriptions: Mapping[str, str] = field(default_factory=dict)
+    # cell id -> the id its matrix, as it is now, gives the same axes and mode (None: no such cell), for the
+    # published cells whose matrix no longer plans their id (`site.moved_cells`)
+    moved: Mapping[str, str | None] = field(default_factory=dict)
 
     def regressed(self, cell_id: str) -> list[Regression]:
         return [r for r in self.regressions if r.cell_id == cell_id]
@@ -69,9 +73,11 @@ class Extras:
 NO_EXTRAS = Extras()
 
 
-def reproduce(row: Row) -> str:
+def reproduce(row: Row, moved: Mapping[str, str | None] = MappingProxyType({})) -> str:
     """The command that runs this cell again, on the backend it ran on. Rows stored before the backend was
-    recorded name none: the command then picks one (`auto`), rather than naming one that may be wrong."""
+    recorded name none: the command then picks one (`auto`), rather than naming one that may be wrong. A cell
+    whose matrix has changed its definition since (`moved`: its server argv or environment) is selected by
+    the id the matrix gives it now (`moved_note` says so)."""
     backend = row.get("backend")
     starts = (row.get("metrics") or {}).get("starts")  # pooled over several server starts: as many again
     command = shlex.join(
@@ -80,7 +86,7 @@ def reproduce(row: Row) -> str:
             "run",
             row["matrix"],
             "--select",
-            f"id={row['cell_id']}",
+            f"id={moved.get(row['cell_id']) or row['cell_id']}",
             *(["--backend", str(backend)] if backend else []),
             *(["--starts", str(starts)] if isinstance(starts, int) and starts > 1 else []),
             "--rerun",
@@ -89,6 +95,19 @@ def reproduce(row: Row) -> str:
     # A secret the argv held is shown as `***`: say which variable supplies it (a matrix may write `***`).
     secrets = [f"{secret_variable(flag)}=***" for flag in row.get("redacted_flags") or ()]
     return " ".join([*secrets, command])
+
+
+def moved_note(row: Row, moved: Mapping[str, str | None]) -> str:
+    """Why the reproduce command does not select this row's id, or "" where it does."""
+    if row["cell_id"] not in moved:
+        return ""
+    now = moved[row["cell_id"]]
+    if now is None:
+        return f"{row['matrix']} no longer has a cell with these axes and mode: the command selects none"
+    return (
+        f"{row['matrix']} has changed this cell's definition since it ran (its server argv, environment variables "
+        f"or install; it is {now} now): the command runs the cell as the matrix defines it today"
+    )
 
 
 # Why a pair of cells (first mode, second mode) has no speedup, most decisive first: a square of the heatmap
@@ -266,7 +285,7 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
     lines.append(provenance_markdown(rows))
     for plot_title, link in extras.plots.get(matrix, ()):
         lines.append(f"![{text(plot_title)}]({link})\n")
-    lines.append(_details(rows, axes, modes))
+    lines.append(_details(rows, axes, modes, extras.moved))
     return "\n".join(lines)
 
 
@@ -335,7 +354,7 @@ def cell_order(row: Row, axes: Sequence[str], modes: Sequence[str]) -> tuple[Any
     return ([version_key(str(row["axes"].get(a, ""))) for a in axes], mode, row["mode"])
 
 
-def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str]) -> str:
+def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str], moved: Mapping[str, str | None]) -> str:
     lines = ['<details markdown="1"><summary>Cells: verdict evidence and reproduce commands</summary>\n']
     for row in sorted(rows, key=lambda r: cell_order(r, axes, modes)):
         lines.append(
@@ -345,7 +364,9 @@ def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str]) -> str:
         if excerpt and row["verdict"] != "pass":
             lines.append(f"  - evidence: {code(deciding_line(row))}")
         lines.extend(f"  - {label}: {text(note)}" for label, note in measured_notes(row))
-        lines.append(f"  - reproduce: {code(reproduce(row))}")
+        lines.append(f"  - reproduce: {code(reproduce(row, moved))}")
+        if note := moved_note(row, moved):
+            lines.append(f"  - changed since: {text(note)}")
     lines.append("\n</details>\n")
     return "\n".join(lines)
 

@@ -17,6 +17,8 @@ any merged store, and mkdocs passes raw HTML in Markdown through.
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import re
 import shlex
 import tomllib
@@ -32,6 +34,8 @@ import markupsafe
 from servematrix.classify import Signature, load_signatures
 from servematrix.classify.fixes import package_fixes
 from servematrix.engines import Engine, available_engines, load_engine
+from servematrix.errors import InputError
+from servematrix.planning.plan import make_plan
 from servematrix.report import escape, markdown
 from servematrix.report.bisectnote import notes as bisection_notes
 from servematrix.report.history.page import history_markdown, history_view
@@ -43,6 +47,7 @@ from servematrix.report.markdown import (
     deciding_evidence,
     deciding_line,
     failure_class,
+    moved_note,
     no_speedup,
     no_speedup_text,
     reproduce,
@@ -110,7 +115,8 @@ def build_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(rows, out_dir / "plots")
     classes = failure_classes(rows)
-    failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR, table=markdown_name)
+    moved = moved_cells(rows)
+    failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR, table=markdown_name, moved=moved)
     shown_baseline = _shown(baseline, shown_from or out_dir) if baseline is not None and previous is not None else None
     descriptions = matrix_descriptions(rows)
     extras = Extras(
@@ -125,6 +131,7 @@ def build_report(
         packing=packing,
         history=history_markdown(history, rows),
         descriptions=descriptions,
+        moved=moved,
     )
     md_path = markdown.write(rows, out_dir / markdown_name, title, extras)
     html_path = atomic_write(
@@ -137,6 +144,7 @@ def build_report(
             baseline=shown_baseline,
             history=history,
             descriptions=descriptions,
+            moved=moved,
         ),
     )
     results_path = (
@@ -168,6 +176,26 @@ def matrix_descriptions(rows: Sequence[Row]) -> dict[str, str]:
         if isinstance(description, str) and description.strip():
             found[matrix] = description.strip()
     return found
+
+
+def moved_cells(rows: Sequence[Row]) -> dict[str, str | None]:
+    """Rows whose matrix, planned where the report is built, no longer has their cell id: the id it gives the
+    same axes and mode now (the matrix changed the cell's server argv or environment since the run), or None
+    where it has no such cell. Their reproduce command selects the new id and says why. A matrix that cannot
+    be planned here (gone, invalid, another engine's data) moves nothing: the rows are the record."""
+    moved: dict[str, str | None] = {}
+    for matrix in sorted({row["matrix"] for row in rows}):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # its warnings belong to `plan` and `run`
+                cells = make_plan(matrix).cells
+        except (InputError, OSError, ValueError):
+            continue
+        planned = {c.id for c in cells}
+        now = {(c.mode, tuple(sorted(c.env.axes.items()))): c.id for c in cells}
+        for row in rows:
+            if row["matrix"] == matrix and row["cell_id"] not in planned:
+                moved[row["cell_id"]] = now.get((row["mode"], tuple(sorted(row["axes"].items()))))
+    return moved
 
 
 def _shown(path: Path, out_dir: Path) -> str:
@@ -258,7 +286,12 @@ def _page_name(cls: str) -> str:
 
 
 def write_failure_pages(
-    classes: Mapping[str, FailureClass], rows: Sequence[Row], out_dir: Path, *, table: str = MARKDOWN_NAME
+    classes: Mapping[str, FailureClass],
+    rows: Sequence[Row],
+    out_dir: Path,
+    *,
+    table: str = MARKDOWN_NAME,
+    moved: Mapping[str, str | None] | None = None,  # `moved_cells`
 ) -> list[Path]:
     """`<class>.md` for every class (explanation and workaround from the signature data, then the cells that
     failed with it) and `index.md`. Pages of classes that no longer exist are removed (those an earlier report
@@ -274,7 +307,9 @@ def write_failure_pages(
     page = env.get_template("failure.md.j2")
     nearest = nearest_fixes(rows)
     for entry in classes.values():
-        cells = [_failure_cell(row, nearest) for row in sorted(by_class.get(entry.id, []), key=_failure_order)]
+        cells = [
+            _failure_cell(row, nearest, moved or {}) for row in sorted(by_class.get(entry.id, []), key=_failure_order)
+        ]
         bisected = bisection_notes(by_class.get(entry.id, []))
         pins = _package_pins(by_class.get(entry.id, []))
         text = page.render(cls=entry, cells=cells, html=HTML_NAME, table=table, bisected=bisected, pins=pins)
@@ -297,7 +332,7 @@ def _package_pins(rows: Sequence[Row]) -> list[dict[str, Any]]:
     return list(found.values())
 
 
-def _failure_cell(row: Row, nearest: Mapping[str, str]) -> dict[str, Any]:
+def _failure_cell(row: Row, nearest: Mapping[str, str], moved: Mapping[str, str | None]) -> dict[str, Any]:
     return {
         "id": row["cell_id"],
         "matrix": row["matrix"],
@@ -307,7 +342,8 @@ def _failure_cell(row: Row, nearest: Mapping[str, str]) -> dict[str, Any]:
         "evidence": deciding_evidence(row),
         "nearest": nearest.get(row["cell_id"], ""),
         "line": deciding_line(row),
-        "reproduce": reproduce(row),
+        "reproduce": reproduce(row, moved),
+        "moved": moved_note(row, moved),
     }
 
 
@@ -333,6 +369,7 @@ def render_html(
     baseline: str | None = None,
     history: Advance | None = None,
     descriptions: Mapping[str, str] | None = None,  # matrix -> its description (`matrix_descriptions`)
+    moved: Mapping[str, str | None] | None = None,  # `moved_cells`
 ) -> str:
     classes = failure_classes(rows)
     used = sorted({c for r in rows if (c := failure_class(str(r["verdict"])))})
@@ -341,7 +378,7 @@ def render_html(
         by_matrix.setdefault(row["matrix"], []).append(row)
     sections = [
         {
-            **_matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions),
+            **_matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions, moved or {}),
             "description": (descriptions or {}).get(matrix, ""),
         }
         for matrix, group in by_matrix.items()
@@ -390,7 +427,13 @@ def prediction(row: Row) -> dict[str, str] | None:
     return {"predicted": predicted or "", "observed": observed or "", "status": status}
 
 
-def _matrix_view(matrix: str, rows: list[Row], plots: Sequence[Plot], regressions: Sequence[Regression]) -> dict:
+def _matrix_view(
+    matrix: str,
+    rows: list[Row],
+    plots: Sequence[Plot],
+    regressions: Sequence[Regression],
+    moved: Mapping[str, str | None],
+) -> dict:
     engine = load_engine(rows[0]["engine"])
     modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
     axes = [*engine.axes, "gpu"]
@@ -406,7 +449,7 @@ def _matrix_view(matrix: str, rows: list[Row], plots: Sequence[Plot], regression
             modes.index(r["mode"]) if r["mode"] in modes else 99,
         ),
     ):
-        cells.append(_cell_view(engine, row, axes, concurrencies, modes, envs[row["env_id"]], regressions))
+        cells.append(_cell_view(engine, row, axes, concurrencies, modes, envs[row["env_id"]], regressions, moved))
     return {
         "matrix": matrix,
         "slug": Path(matrix).stem,
@@ -434,6 +477,7 @@ def _cell_view(
     modes: Sequence[str],
     env: Mapping[str, Row],
     regressions: Sequence[Regression],
+    moved: Mapping[str, str | None],
 ) -> dict:
     values = spreads(row.get("metrics"))
     medians = tok_s(row)
@@ -483,7 +527,8 @@ def _cell_view(
         "no_speedup": why,
         "regressions": [str(r.reason) for r in mine],
         "verdict_regression": next((r.reason for r in mine if r.kind == "verdict"), None),
-        "reproduce": reproduce(row),
+        "reproduce": reproduce(row, moved),
+        "moved": moved_note(row, moved),
         "argv": shlex.join(portable_argv(row.get("argv") or [], Path.cwd())) if row.get("argv") else "",
         "lock_hash": row.get("lock_hash") or "",
         "lock_file": row.get("lock_file") or "",

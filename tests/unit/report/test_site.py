@@ -728,3 +728,43 @@ def test_a_matrix_section_says_what_its_figures_are_from_the_matrix_file(
     arch = page.split('data-matrix="matrix/arch.toml"', 1)[1].split("</section>", 1)[0]
     assert '<p class="matrix-description">random weights, not Blackwell</p>' in arch
     assert page.count('class="matrix-description"') == 1
+
+
+def test_a_published_cell_its_matrix_no_longer_plans_is_reproduced_by_its_id_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The GLM-5 lane's 0.5.12 rows were published before the matrix set one more server variable: every cell id
+    # moved, and their reproduce commands selected no cell. Now the command selects the cell the matrix gives
+    # the same axes and mode today, and says why; a row whose axes the matrix lost says that instead.
+    from servematrix.planning.plan import make_plan
+
+    lane = "matrix/h200-glm5.toml"
+    monkeypatch.chdir(REPO)
+    axes = {"sglang": "0.5.12", "torch": "pinned", "flashinfer": "pinned", "cuda": "13.0", "kernels": "0.14.1"}
+    (now,) = make_plan(lane, [f"{k}={v}" for k, v in axes.items()] + ["gpu=h200", "mode=baseline"]).cells
+    (current,) = make_plan(lane, ["sglang=0.5.15", "gpu=h100", "mode=baseline"]).cells
+
+    def lane_row(cell: str, sglang: str, **extra: Any) -> Row:
+        found = row(cell, sglang=sglang, flashinfer="pinned", mode="baseline", verdict="pass", gpu="h200",
+                    matrix=lane, backend="existing", **extra)  # fmt: skip
+        found.values["axes"] = {**axes, "sglang": sglang, "gpu": "h200"}
+        return found
+
+    stale, lost = lane_row("5ta1e0000000", "0.5.12"), lane_row("1057a0000000", "0.5.9")
+    fresh = Row(values={**lane_row(current.id, "0.5.15").values, "axes": dict(current.env.axes)})
+    gone = row("90e0000000aa", sglang="0.5.9", flashinfer="pinned", mode="baseline", verdict="pass",
+               matrix="matrix/gone.toml")  # fmt: skip
+    result = build_report([stale, lost, fresh, gone], tmp_path / "site", baseline=None, write_record=False)
+    text = result.markdown.read_text()
+    details = {line.split("`")[1]: line for line in text.split("\n- ")[1:] if line.startswith("`")}
+    assert f"--select id={now.id} --backend existing --rerun`" in details[stale["cell_id"]]
+    assert "has changed this cell&#39;s definition since it ran" in details[stale["cell_id"]]
+    assert f"it is {now.id} now" in details[stale["cell_id"]]
+    assert "--select id=1057a0000000" in details[lost["cell_id"]]
+    assert "no longer has a cell with these axes and mode" in details[lost["cell_id"]]
+    assert "changed since" not in details[current.id] and f"--select id={current.id}" in details[current.id]
+    assert "changed since" not in details[gone["cell_id"]]  # a matrix it cannot plan here moves nothing
+    # the interactive page's reproduce block runs the same command and says the same
+    page = result.html.read_text()
+    block = page.split(f'id="repro-{stale["cell_id"]}"', 1)[1].split("</tr>", 1)[0]
+    assert f"--select id={now.id}" in block and "changed since:" in block
