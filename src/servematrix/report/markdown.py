@@ -76,7 +76,7 @@ NO_EXTRAS = Extras()
 def reproduce(row: Row, moved: Mapping[str, str | None] = MappingProxyType({})) -> str:
     """The command that runs this cell again, on the backend it ran on. Rows stored before the backend was
     recorded name none: the command then picks one (`auto`), rather than naming one that may be wrong. A cell
-    whose matrix has changed its definition since (`moved`: its server argv or environment) is selected by
+    whose matrix has changed its definition since (`moved`: its server argv, variables or install) is selected by
     the id the matrix gives it now (`moved_note` says so)."""
     backend = row.get("backend")
     starts = (row.get("metrics") or {}).get("starts")  # pooled over several server starts: as many again

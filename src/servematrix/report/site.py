@@ -180,7 +180,7 @@ def matrix_descriptions(rows: Sequence[Row]) -> dict[str, str]:
 
 def moved_cells(rows: Sequence[Row]) -> dict[str, str | None]:
     """Rows whose matrix, planned where the report is built, no longer has their cell id: the id it gives the
-    same axes and mode now (the matrix changed the cell's server argv or environment since the run), or None
+    same axes and mode now (the matrix changed the cell's server argv, variables or install since the run), or None
     where it has no such cell. Their reproduce command selects the new id and says why. A matrix that cannot
     be planned here (gone, invalid, another engine's data) moves nothing: the rows are the record."""
     moved: dict[str, str | None] = {}
