@@ -6,7 +6,9 @@
   there would replace its results with one store's.
 - **Publishing** (`servematrix report --publish`, into `docs/` by default) merges the store's rows into the
   published record (`results/latest.json`), cell by cell: a cell's newer finished row replaces the older
-  one, cells the store lacks stay. Only `--prune` removes them, and it says how many.
+  one, cells the store lacks stay. Only `--prune` removes them, and it says how many. A run that decided
+  nothing (`error:*`, `interrupted`: a job's time limit, a lost node) never replaces a decided row: the
+  published pass and its figures stay until a run decides the cell again.
 
 A store that is missing, empty or holds no finished row is an input error, never an empty report: a lost
 CI artifact must not wipe the published results, nor pass a regression gate.
@@ -35,7 +37,7 @@ from typing import Any
 
 from servematrix.engines import check_registered
 from servematrix.errors import InputError
-from servematrix.formats.verdict import observed, unserved
+from servematrix.formats.verdict import Verdict, observed, unserved
 from servematrix.planning.schedule import makespan_line, stored_spans
 from servematrix.report import owned
 from servematrix.report.history import record as history
@@ -265,6 +267,7 @@ class Publication:
     same: int  # cells whose published run is the store's newest (rendered again)
     kept_newer: int  # cells published from a run newer than the store's, kept
     kept_observed: int  # cells observed on a GPU that the store has only a CPU verdict for, kept
+    kept_decided: int  # decided cells whose newer run in the store decided nothing (error, interrupted), kept
     kept_absent: int  # cells the store lacks, kept
     pruned: int  # cells the store lacks, removed (--prune)
 
@@ -275,6 +278,7 @@ class Publication:
             f"{self.same} unchanged",
             f"{self.kept_newer} kept (the published run is newer than the store's)",
             f"{self.kept_observed} kept (observed on a GPU; the store has only a CPU verdict)",
+            f"{self.kept_decided} kept (the store's run decided nothing: error or interrupted)",
             f"{self.kept_absent} kept (not in the store; --prune removes them)",
         ]
         if self.pruned:
@@ -312,7 +316,7 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
     cells absent from `rows` stay unless `prune`."""
     current = {row["cell_id"]: row for row in published_rows(published)} if published else {}
     merged: dict[str, Row] = {}
-    counts = {"added": 0, "replaced": 0, "same": 0, "kept_newer": 0, "kept_observed": 0}
+    counts = {"added": 0, "replaced": 0, "same": 0, "kept_newer": 0, "kept_observed": 0, "kept_decided": 0}
     for row in rows:
         old = current.get(row["cell_id"])
         if old is None:
@@ -325,6 +329,10 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
             # A verdict reached without serving the cell (the nightly CPU pre-flight, an image that does not
             # hold it) does not overwrite what a GPU run observed.
             counts["kept_observed"] += 1
+            merged[row["cell_id"]] = old
+        elif not Verdict.parse(str(row.get("verdict") or "")).final and Verdict.parse(str(old.get("verdict"))).final:
+            # A stopped run or a harness fault says nothing about the stack: it does not unpublish a verdict.
+            counts["kept_decided"] += 1
             merged[row["cell_id"]] = old
         elif _newer_or_same(row, old):
             counts["replaced"] += 1

@@ -155,6 +155,31 @@ def test_publishing_merges_cell_by_cell(project: Path, capsys: pytest.CaptureFix
     assert "2 kept (not in the store; --prune removes them)" in capsys.readouterr().err
 
 
+def test_a_run_that_decided_nothing_never_unpublishes_a_verdict(project: Path, capsys: pytest.CaptureFixture[str]):
+    # A GPU rerun stopped by its job's time limit (interrupted) or lost to the harness (error) is newer than the
+    # published pass, but says nothing about the stack: the pass and its figures stay, and the summary says why.
+    store = project / "stopped.sqlite"
+    with Store(store) as s:
+        record(s, "a", run="r2", finished=T2, verdict="interrupted")
+        record(s, "b", run="r2", finished=T2, verdict="error:gpu-lost")
+        record(s, "c", run="r2", finished=T2, verdict="interrupted")  # new to the record: published as it is
+    capsys.readouterr()
+    assert main(["report", "--publish", "--store", str(store)]) == 0
+    cells = published(project / "docs")
+    assert {cell: (entry["run_id"], entry["verdict"]) for cell, entry in cells.items()} == {
+        "a": ("r1", "pass"), "b": ("r1", "pass"), "c": ("r2", "interrupted")
+    }  # fmt: skip
+    assert "2 kept (the store's run decided nothing: error or interrupted)" in capsys.readouterr().err
+    # ... and a run that decides the cell again replaces it, whatever it decided.
+    again = project / "again.sqlite"
+    with Store(again) as s:
+        record(s, "a", run="r3", finished=T2, verdict="fail:scheduler-died")
+        record(s, "c", run="r3", finished=T2)
+    assert main(["report", "--publish", "--store", str(again)]) == 0
+    cells = published(project / "docs")
+    assert cells["a"]["verdict"] == "fail:scheduler-died" and cells["c"]["verdict"] == "pass"
+
+
 def test_prune_removes_what_the_store_lacks_and_says_how_many(project: Path, capsys: pytest.CaptureFixture[str]):
     only_b = make_store(project / "b.sqlite", ("b", "r2", T2))
     capsys.readouterr()
