@@ -304,10 +304,11 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="recommend",
-        help="which stack to pick per GPU kind, and the nearest fix for each failing cell",
-        description="Per GPU kind: the stacks that passed on a GPU (fastest first), then those every CPU "
-        "pre-flight passed (a GPU run still decides); for each failing cell, the nearest cell that is not "
-        "failing and what differs. From a store, or from the published results.",
+        help="which stack to pick per matrix and GPU kind, and the nearest fix for each failing cell",
+        description="Per matrix and GPU kind (matrices are never pooled: each may serve another model): the "
+        "stacks that passed on a GPU (fastest first), then those every CPU pre-flight passed (a GPU run still "
+        "decides); for each failing cell, the nearest cell of its matrix that is not failing and what differs. "
+        "From a store, or from the published results.",
     ),
     Command(
         name="merge",

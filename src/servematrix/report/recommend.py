@@ -1,6 +1,8 @@
-"""Which stack to pick, per GPU kind, from the results: the cells that passed on a GPU, ranked by measured
+"""Which stack to pick, per matrix and GPU kind, from the results: the cells that passed on a GPU, ranked by measured
 throughput; then the cells nothing has ruled out (every CPU pre-flight passed, no GPU run yet); and for each
-failing cell, its nearest cell that is not failing (fewest axis changes) and what differs.
+failing cell, its nearest cell that is not failing (fewest axis changes) and what differs. Matrices are never
+pooled: two matrices may serve different models on the same GPU kind (the GLM-5 architecture and a dense
+Llama on an H200), and one's pass says nothing of the other's failure.
 
 Observed and predicted are never mixed up: a ranked stack says whether it was measured on a GPU or only
 passed the CPU pre-flights.
@@ -46,6 +48,7 @@ class Neighbour:
 
 @dataclass(frozen=True, kw_only=True)
 class Recommendation:
+    matrix: str
     gpu: str
     stacks: tuple[Stack, ...]
     failing: tuple[Neighbour, ...]
@@ -122,12 +125,12 @@ _ANY = object()
 
 
 def recommend(rows: Sequence[Row]) -> list[Recommendation]:
-    """One recommendation per GPU kind in the rows."""
+    """One recommendation per matrix and GPU kind in the rows."""
     out = []
-    for gpu in sorted({str(r["axes"].get("gpu", "")) for r in rows}):
+    for matrix, gpu in sorted({(str(r["matrix"]), str(r["axes"].get("gpu", ""))) for r in rows}):
         # Whatever order the rows come in (a store, the published record), the same recommendation.
         mine = sorted(
-            (r for r in rows if str(r["axes"].get("gpu", "")) == gpu),
+            (r for r in rows if str(r["matrix"]) == matrix and str(r["axes"].get("gpu", "")) == gpu),
             key=lambda r: (sorted(r["axes"].items()), r["mode"], r["cell_id"]),
         )
         good = [r for r in mine if _status(r) in ("pass", "open")]
@@ -174,7 +177,7 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
                     changes=tuple(_changes(row, best)) if best else (),
                 )
             )
-        out.append(Recommendation(gpu=gpu, stacks=tuple(stacks), failing=tuple(failing)))
+        out.append(Recommendation(matrix=matrix, gpu=gpu, stacks=tuple(stacks), failing=tuple(failing)))
     return out
 
 
@@ -213,7 +216,7 @@ def render_text(recommendations: Sequence[Recommendation], rows: Sequence[Row]) 
     by_id = {r["cell_id"]: r for r in rows}
     lines = []
     for rec in recommendations:
-        lines.append(f"{rec.gpu}:")
+        lines.append(f"{rec.gpu} ({rec.matrix}):")
         if not rec.stacks:
             lines.append("  nothing is expected to work yet")
         for rank, stack in enumerate(rec.stacks[:5], 1):
@@ -231,29 +234,27 @@ def render_markdown(rows: Sequence[Row]) -> str:
     from servematrix.report.escape import code, text
 
     lines = ["## Recommendation\n"]
-    for matrix in sorted({r["matrix"] for r in rows}):
-        group = [r for r in rows if r["matrix"] == matrix]
-        by_id = {r["cell_id"]: r for r in group}
-        for rec in recommend(group):
-            lines.append(f"**{text(matrix)}, {text(rec.gpu)}**\n")
-            if not rec.stacks:
-                lines.append("- nothing is expected to work yet\n")
-            for rank, stack in enumerate(rec.stacks[:3], 1):
-                lines.append(f"{rank}. {text(_stack_line(stack))} ({code(stack.cell_id)})")
-            fixes = [n for n in rec.failing if n.nearest]
-            if fixes:
+    by_id = {r["cell_id"]: r for r in rows}
+    for rec in recommend(rows):
+        lines.append(f"**{text(rec.matrix)}, {text(rec.gpu)}**\n")
+        if not rec.stacks:
+            lines.append("- nothing is expected to work yet\n")
+        for rank, stack in enumerate(rec.stacks[:3], 1):
+            lines.append(f"{rank}. {text(_stack_line(stack))} ({code(stack.cell_id)})")
+        fixes = [n for n in rec.failing if n.nearest]
+        if fixes:
+            lines.append(
+                f'\n<details markdown="1"><summary>{len(rec.failing)} failing cell(s): the nearest cell that is not failing</summary>\n'
+            )
+            for neighbour in fixes:
+                row = by_id[neighbour.cell_id]
+                axes = " ".join(f"{k} {v}" for k, v in sorted(row["axes"].items()) if k != "gpu")
                 lines.append(
-                    f'\n<details markdown="1"><summary>{len(rec.failing)} failing cell(s): the nearest cell that is not failing</summary>\n'
+                    f"- {text(axes)}, {text(row['mode'])}: {text(neighbour.verdict)} → "
+                    f"{text('; '.join(neighbour.changes))}"
                 )
-                for neighbour in fixes:
-                    row = by_id[neighbour.cell_id]
-                    axes = " ".join(f"{k} {v}" for k, v in sorted(row["axes"].items()) if k != "gpu")
-                    lines.append(
-                        f"- {text(axes)}, {text(row['mode'])}: {text(neighbour.verdict)} → "
-                        f"{text('; '.join(neighbour.changes))}"
-                    )
-                lines.append("\n</details>\n")
-            lines.append("")
+            lines.append("\n</details>\n")
+        lines.append("")
     lines.append(
         "Observed means served and benchmarked on a GPU; the CPU pre-flights (resolve, flags, FP4 trace, import) "
         "can rule a stack out but never prove it: only a GPU run does.\n"
@@ -263,10 +264,9 @@ def render_markdown(rows: Sequence[Row]) -> str:
 
 def nearest_fixes(rows: Sequence[Row]) -> dict[str, str]:
     """cell id -> what its nearest non-failing cell changes, for each failing cell (the failure pages)."""
-    out = {}
-    for matrix in {r["matrix"] for r in rows}:
-        for rec in recommend([r for r in rows if r["matrix"] == matrix]):
-            for neighbour in rec.failing:
-                if neighbour.nearest:
-                    out[neighbour.cell_id] = "; ".join(neighbour.changes)
-    return out
+    return {
+        neighbour.cell_id: "; ".join(neighbour.changes)
+        for rec in recommend(rows)
+        for neighbour in rec.failing
+        if neighbour.nearest
+    }

@@ -75,5 +75,25 @@ def test_the_command_reads_a_store(tmp_path, capsys):
 def test_the_command_filters_by_matrix_and_refuses_an_unknown_one(tmp_path, capsys):
     assert main(["recommend", "matrix/glm5-nvfp4.toml"]) == 0  # the published results hold the product matrix
     out = capsys.readouterr().out
-    assert "b200:" in out and "rtx-pro-6000:" in out and "cpu:" not in out
+    assert "b200 (matrix/glm5-nvfp4.toml):" in out and "rtx-pro-6000 (matrix/glm5-nvfp4.toml):" in out
+    assert "cpu (" not in out
     assert main(["recommend", "matrix/no-such.toml"]) == 2
+
+
+def test_matrices_are_never_pooled_on_one_gpu_kind(capsys):
+    # Two lanes on the H200 serve different models: the dense Llama's 0.5.12 piecewise passes, the GLM-5
+    # architecture's fails with the same axes. Pooled, the failure's "nearest fix" was the other model's
+    # cell with nothing changed (an empty fix); each matrix is its own recommendation.
+    llama = [{**_row("l1", "baseline", "pass", 9000.0, gpu="h200"), "matrix": "matrix/llama.toml"},
+             {**_row("l2", "piecewise", "pass", 12000.0, gpu="h200"), "matrix": "matrix/llama.toml"}]  # fmt: skip
+    glm = [{**_row("g1", "baseline", "pass", 10000.0, gpu="h200"), "matrix": "matrix/glm.toml"},
+           {**_row("g2", "piecewise", "fail:graph-capture-failed", gpu="h200"), "matrix": "matrix/glm.toml"}]  # fmt: skip
+    recs = {(r.matrix, r.gpu): r for r in recommend([*llama, *glm])}
+    assert set(recs) == {("matrix/llama.toml", "h200"), ("matrix/glm.toml", "h200")}
+    (failing,) = recs["matrix/glm.toml", "h200"].failing
+    assert failing.nearest == "g1" and failing.changes == ("baseline instead of piecewise",)
+    assert [s.cell_id for s in recs["matrix/glm.toml", "h200"].stacks] == ["g1"]
+    assert main(["recommend"]) == 0  # the published results: each lane of the H200 under its own heading
+    out = capsys.readouterr().out
+    assert "h200 (matrix/h200-glm5.toml):" in out and "h200 (matrix/h200-smoke.toml):" in out
+    assert not any(line.endswith("-> ") for line in out.splitlines())  # every failing cell names its fix
