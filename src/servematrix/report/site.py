@@ -33,9 +33,10 @@ import markupsafe
 
 from servematrix.classify import Signature, load_signatures
 from servematrix.classify.fixes import package_fixes
+from servematrix.config.spec import load_spec
 from servematrix.engines import Engine, available_engines, load_engine
 from servematrix.errors import InputError
-from servematrix.planning.plan import make_plan
+from servematrix.planning.cells import expand
 from servematrix.report import escape, markdown
 from servematrix.report.bisectnote import notes as bisection_notes
 from servematrix.report.history.page import history_markdown, history_view
@@ -186,8 +187,9 @@ def moved_cells(rows: Sequence[Row]) -> dict[str, str | None]:
     moved: dict[str, str | None] = {}
     for matrix in sorted({row["matrix"] for row in rows}):
         try:
-            with contextlib.redirect_stderr(io.StringIO()):  # its warnings belong to `plan` and `run`
-                cells = make_plan(matrix).cells
+            # Expanded from the spec alone (no engine hooks run for a report); its warnings belong to `plan`.
+            with contextlib.redirect_stderr(io.StringIO()):
+                cells = expand(load_spec(matrix))
         except (InputError, OSError, ValueError):
             continue
         planned = {c.id for c in cells}

@@ -43,8 +43,22 @@ class Host:
         data["driver"] = self.gpus[0].driver if self.gpus else None
         return data
 
-    def count(self, arch: str) -> int:
-        return sum(1 for g in self.gpus if g.arch in (arch, STANDIN_ARCH))
+    def count(self, arch: str, sku: str = "") -> int:
+        """The GPUs of this arch, and of this name where one is given (a stand-in is any GPU)."""
+        return sum(
+            1
+            for g in self.gpus
+            if g.arch == STANDIN_ARCH or (g.arch == arch and (not sku or g.name.casefold() == sku.casefold()))
+        )
+
+    def summary(self) -> str:
+        """Its GPUs by arch and name ("1x sm_90 NVIDIA H100 80GB HBM3"), as a run's preamble says them."""
+        kinds = sorted({(g.arch, g.name) for g in self.gpus})
+        return ", ".join(
+            f"{sum(1 for g in self.gpus if (g.arch, g.name) == (arch, name))}x "
+            + (name if arch == STANDIN_ARCH else f"{arch} {name}")
+            for arch, name in kinds
+        )
 
 
 @functools.cache

@@ -104,7 +104,7 @@ def jobs_to_pack(plan: Plan, todo: Mapping[str, Sequence[Cell]]) -> dict[str, Se
     }
     if len(host.gpus) < 2 or len(wanted) < 2:
         return {}
-    if any(host.count(cells[0].env.gpu.arch) != len(host.gpus) for cells in wanted.values()):
+    if any(host.count(cells[0].env.gpu.arch, cells[0].env.gpu.sku) != len(host.gpus) for cells in wanted.values()):
         return {}  # a host of mixed GPUs: one cell at a time, as before
     return wanted
 

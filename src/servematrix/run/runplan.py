@@ -67,11 +67,12 @@ def inputs_hash(plan: Plan, cell: Cell, stages: Sequence[str]) -> str:
 
 
 def gpu_ready(env: Environment) -> bool:
-    """Whether this host has the GPUs an environment's cells need (a CPU kind always runs)."""
+    """Whether this host has the GPUs an environment's cells need: the kind's arch, and its card where it names
+    one (`sku`: an H100 does not serve an H200 kind's cells and label them H200). A CPU kind always runs."""
     kind = env.gpu
     if kind.arch == "cpu" or kind.count == 0:
         return True
-    return hostinfo.host().count(kind.arch) >= kind.count
+    return hostinfo.host().count(kind.arch, kind.sku) >= kind.count
 
 
 def builds_here(plan: Plan, stages: Sequence[str]) -> list[str]:
@@ -133,7 +134,7 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
     finished run), the stages they will go through, and the costly steps counted."""
     host = hostinfo.host()
     envs = {c.env_id: c.env for c in plan.cells}
-    gpus = ", ".join(sorted({f"{host.count(g.arch)}x {g.arch}" for g in host.gpus})) or "no NVIDIA GPU found"
+    gpus = host.summary() or "no NVIDIA GPU found"
     skipped: set[str] = set()
     if options.store.is_file() and not options.rerun:  # read only: a run that never starts creates no store
         with Store(options.store) as store:
@@ -147,7 +148,13 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
     lacking_lines: list[str] = []
     if lacking:
         kinds = ", ".join(
-            sorted({f"{c.env.axes.get('gpu', '?')} ({c.env.gpu.count}x {c.env.gpu.arch})" for c in lacking})
+            sorted(
+                {
+                    f"{c.env.axes.get('gpu', '?')} ({c.env.gpu.count}x {c.env.gpu.arch}"
+                    + (f" {c.env.gpu.sku})" if c.env.gpu.sku else ")")
+                    for c in lacking
+                }
+            )
         )
         here = [s for s in STAGES if any(s in stages_of[c.id] for c in lacking)]
         lacking_lines.append(

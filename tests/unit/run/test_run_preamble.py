@@ -78,3 +78,23 @@ def test_builds_here_only_for_gpus_present_and_only_with_the_build_stage(monkeyp
     cpu = make_plan(MATRIX / "cpu-smoke.toml", [], None)
     _host(monkeypatch)
     assert len(builds_here(cpu, ("resolve", "build"))) == 2  # the CPU engine builds anywhere
+
+
+def test_a_kind_that_names_its_card_runs_only_on_that_card(monkeypatch, tmp_path):
+    # The device tool lends an H100 when an H200 was asked for; both are sm_90. The GLM-5 lane names both
+    # kinds with their cards: on an H100 its h100 cells run and its h200 cells wait for an H200, so no row
+    # says h200 of what an H100 served. A stand-in GPU is any card.
+    from servematrix.run.runplan import gpu_ready
+
+    plan = make_plan(MATRIX / "h200-glm5.toml", ["sglang=0.5.15"], None)
+    by_kind = {c.env.axes["gpu"]: c.env for c in plan.cells}
+    h100 = hostinfo.Gpu(name="NVIDIA H100 80GB HBM3", arch="sm_90", driver="580")
+    monkeypatch.setattr(hostinfo, "host", lambda: hostinfo.Host(hostname="h", cpu="c", cpus=2, os="L", gpus=(h100,)))
+    assert gpu_ready(by_kind["h100"]) and not gpu_ready(by_kind["h200"])
+    text = "\n".join(preamble(plan, RunOptions(workdir=tmp_path)))
+    assert "this host: 1x sm_90 NVIDIA H100 80GB HBM3" in text
+    assert "4 cell(s) need GPUs this host lacks: h200 (1x sm_90 NVIDIA H200)" in text
+    assert builds_here(plan, ("resolve", "build")) == [by_kind["h100"].env_id]
+    standin = hostinfo.Gpu(name="stand-in GPU (test device)", arch=hostinfo.STANDIN_ARCH, driver="none")
+    monkeypatch.setattr(hostinfo, "host", lambda: hostinfo.Host(hostname="h", cpu="c", cpus=2, os="L", gpus=(standin,)))
+    assert gpu_ready(by_kind["h100"]) and gpu_ready(by_kind["h200"])
