@@ -90,8 +90,9 @@ class FlagAxis(_Strict):
 class GpuKind(_Strict):
     arch: str = Field(pattern=r"^(sm_\d+a?|cpu)$")
     count: int = Field(ge=0)
-    # nvidia-smi's name of the card ("NVIDIA H200"): a host whose GPUs have another name does not serve the
-    # kind's cells, though the arch matches (an H100 is sm_90 too); empty: any card of the arch.
+    # nvidia-smi's name of the card ("NVIDIA H200"), or its start before an edition ("NVIDIA RTX PRO 6000
+    # Blackwell" for the Server and Workstation Editions): a host whose GPUs have another name does not serve
+    # the kind's cells, though the arch matches (an H100 is sm_90 too); empty: any card of the arch.
     sku: str = ""
     runner_labels: list[str] = []
     platform: str = DEFAULT_PLATFORM

@@ -44,12 +44,8 @@ class Host:
         return data
 
     def count(self, arch: str, sku: str = "") -> int:
-        """The GPUs of this arch, and of this name where one is given (a stand-in is any GPU)."""
-        return sum(
-            1
-            for g in self.gpus
-            if g.arch == STANDIN_ARCH or (g.arch == arch and (not sku or g.name.casefold() == sku.casefold()))
-        )
+        """The GPUs of this arch, and of this card where one is named (a stand-in is any GPU)."""
+        return sum(1 for g in self.gpus if g.arch == STANDIN_ARCH or (g.arch == arch and is_card(g.name, sku)))
 
     def summary(self) -> str:
         """Its GPUs by arch and name ("1x sm_90 NVIDIA H100 80GB HBM3"), as a run's preamble says them."""
@@ -59,6 +55,14 @@ class Host:
             + (name if arch == STANDIN_ARCH else f"{arch} {name}")
             for arch, name in kinds
         )
+
+
+def is_card(name: str, sku: str) -> bool:
+    """Whether nvidia-smi's `name` is the card `sku` names: the name itself, or the name and an edition after a
+    space ("NVIDIA RTX PRO 6000 Blackwell" is "... Blackwell Server Edition" too, "NVIDIA H200" is not
+    "NVIDIA H2000"). An empty `sku` is any card."""
+    name, sku = name.casefold().strip(), sku.casefold().strip()
+    return not sku or name == sku or name.startswith(sku + " ")
 
 
 @functools.cache

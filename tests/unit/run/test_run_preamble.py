@@ -98,3 +98,12 @@ def test_a_kind_that_names_its_card_runs_only_on_that_card(monkeypatch, tmp_path
     standin = hostinfo.Gpu(name="stand-in GPU (test device)", arch=hostinfo.STANDIN_ARCH, driver="none")
     monkeypatch.setattr(hostinfo, "host", lambda: hostinfo.Host(hostname="h", cpu="c", cpus=2, os="L", gpus=(standin,)))
     assert gpu_ready(by_kind["h100"]) and gpu_ready(by_kind["h200"])
+
+
+def test_a_card_is_named_by_nvidia_smi_s_name_or_its_start_before_an_edition():
+    from servematrix.run.hostinfo import is_card
+
+    assert is_card("NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX PRO 6000 Blackwell")
+    assert is_card("NVIDIA H200 NVL", "nvidia h200") and is_card("NVIDIA H200", "NVIDIA H200")
+    assert not is_card("NVIDIA H2000", "NVIDIA H200") and not is_card("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    assert is_card("anything", "")
