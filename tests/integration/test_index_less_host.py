@@ -42,7 +42,7 @@ def test_an_index_less_host_is_found_once_and_said_once(tmp_path, monkeypatch, c
     with Store(tmp_path / "results.sqlite") as store:
         verdicts = [r["verdict"] for r in store.all_rows()]
     cells = make_plan(MATRIX / "h200-smoke.toml").cells
-    assert len(cells) == 24  # 12 one-GPU cells and 12 on the tensor-parallel kinds
+    assert len(cells) == 28  # 16 one-GPU cells (12 on the H200, 4 on the H100) and 12 on the tensor-parallel kinds
     # Predicts nothing: the GPU stages decide, but for 0.5.12's full cells (no such backend before 0.5.15).
     expected = [
         "skipped:not-applicable" if (c.mode, c.env.axes["sglang"]) == ("full", "0.5.12") else "skipped:no-gpu"

@@ -27,8 +27,8 @@ def test_the_tp_size_is_the_gpu_kinds_count_and_the_ranks_port_is_above_the_serv
     by_kind: dict[str, list] = {}
     for cell in plan.cells:
         by_kind.setdefault(cell.env.axes["gpu"], []).append(cell)
-    assert set(by_kind) == {"h200", "h200x2", "h200x4", "h200x8"}
-    for cell in by_kind["h200"]:
+    assert set(by_kind) == {"h200", "h100", "h200x2", "h200x4", "h200x8"}
+    for cell in [*by_kind["h200"], *by_kind["h100"]]:
         assert "--tp-size" not in cell.command and "--nccl-port" not in cell.command
     for kind in ("h200x2", "h200x4", "h200x8"):
         for cell in by_kind[kind]:

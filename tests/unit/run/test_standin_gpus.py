@@ -32,7 +32,7 @@ def test_standin_gpus_answer_to_every_arch_and_say_what_they_are(fresh_host, mon
 def test_fewer_standins_than_a_kind_needs_leave_it_unready(fresh_host, monkeypatch):
     monkeypatch.setenv(hostinfo.STANDIN_GPUS_ENV, "2")
     ready = {c.env.axes["gpu"]: gpu_ready(c.env) for c in make_plan(MATRIX / "h200-smoke.toml").cells}
-    assert ready == {"h200": True, "h200x2": True, "h200x4": False, "h200x8": False}
+    assert ready == {"h200": True, "h100": True, "h200x2": True, "h200x4": False, "h200x8": False}
 
 
 @pytest.mark.parametrize("value", ["0", "four", "-1", "2.5"])
