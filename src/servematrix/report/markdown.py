@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from servematrix.classify import SignatureDataError, load_signatures
 from servematrix.engines import load_engine
-from servematrix.formats.verdict import RETRY_KINDS
 from servematrix.report.escape import code, is_slug, text
 from servematrix.report.rows import (
     comparison,
@@ -121,6 +120,7 @@ NO_SPEEDUP = {
     "first-predicted": "{first} predicted to fail",
     "unresolvable": "unresolvable",
     "error": "harness error",
+    "interrupted": "interrupted (runs again)",
     "not-measured": "not measured",
     "no-gpu": "no GPU",
     "not-applicable": "n/a (mode not in version)",
@@ -157,8 +157,10 @@ def no_speedup(first: Row | None, second: Row | None) -> str:
         return "predicted"
     if fk == "predicted-fail":
         return "first-predicted"
-    if kinds & RETRY_KINDS:
+    if "error" in kinds:
         return "error"
+    if "interrupted" in kinds:  # stopped (a job's time limit), not failed: the next run finishes it
+        return "interrupted"
     if sk == "skipped":
         return SKIP_REASONS.get(sd, "skipped")
     if fk == "skipped":

@@ -45,6 +45,7 @@ SQUARE_STYLES: dict[str, tuple[str, str | None, str]] = {
     "first-predicted": ("#fcefed", "..", "#cccccc"),
     "unresolvable": ("#d9d9d9", "--", "#999999"),
     "error": ("#fff3cd", None, "#999999"),
+    "interrupted": ("#fff3cd", "..", "#999999"),
     "not-measured": ("#ffffff", None, "#999999"),
     "no-gpu": ("#eaf0f8", None, "#999999"),
     "not-applicable": ("#eeeeee", None, "#999999"),
@@ -243,7 +244,7 @@ def speedup_heatmaps(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str 
 
     A square holding several environments (other axes vary) shows their median and n. Squares with no
     speedup say why, each reason in its own style (`SQUARE_STYLES`): the mode failed, both did, the first
-    did, a CPU-only prediction, unresolvable, a harness error, no GPU on the host, the mode not in the
+    did, a CPU-only prediction, unresolvable, a harness error, a run stopped before it decided, no GPU on the host, the mode not in the
     version, or not run. A map with no measured square says so in its title."""
     engine = load_engine(rows[0]["engine"])
     modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]

@@ -413,6 +413,7 @@ def pair_rows() -> list[Row]:
         ("pf", "0.5.12", "0.6.12", "b200", "pass", "fail:dynamo-untraceable"),
         ("na", "0.5.23", "pinned", "b200", "pass", "skipped:not-applicable"),
         ("er", "0.5.23", "0.6.12", "b200", "pass", "error:harness"),
+        ("it", "0.5.15", "0.6.12", "b200", "pass", "interrupted"),
         ("ng", "0.5.12", "pinned", "rtx-pro-6000", "skipped:no-gpu", "skipped:no-gpu"),
     ]
     rows = []
@@ -432,6 +433,7 @@ EXPECTED_REASONS = {
     "pf": "piecewise fails",
     "na": "n/a (mode not in version)",
     "er": "harness error",
+    "it": "interrupted (runs again)",
     "ng": "no GPU",
 }
 
@@ -459,6 +461,7 @@ def test_markdown_and_html_say_why_there_is_no_speedup(tmp_path: Path):
         "0.5.12/pinned/rtx-pro-6000": "— no GPU",
         "0.5.23/pinned/b200": "— n/a (mode not in version)",
         "0.5.23/0.6.12/b200": "— harness error",
+        "0.5.15/0.6.12/b200": "— interrupted (runs again)",
     }
     html = (tmp_path / "compatibility.html").read_text()
     for reason in EXPECTED_REASONS.values():
