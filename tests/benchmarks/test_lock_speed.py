@@ -13,6 +13,7 @@ import shlex
 import shutil
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,11 @@ def _uv_sequential(requests) -> tuple[float, dict[str, tuple[str, str]]]:
 
 
 def test_lock_the_product_matrix_cold(monkeypatch, tmp_path):
+    # Both sides resolve the index as it was when the test began: a `resolution = today` environment has no
+    # cutoff of its own, and a release published between the two runs made their locks differ (a CI run on
+    # 2026-12-05: one environment's body, every other equal). An as-released one keeps its own --exclude-newer,
+    # which uv takes over the variable.
+    monkeypatch.setenv("UV_EXCLUDE_NEWER", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     plan = make_plan(ROOT / "matrix" / "glm5-nvfp4.toml")
     requests = [resolve_request(plan, env_id) for env_id in plan.environments]
     distinct = len({resolve_stage._resolution_key(r) for r in requests})
