@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.formats.lockfile import parse_header, parse_pins
-from servematrix.formats.verdict import RETRY_KINDS
+from servematrix.formats.verdict import Verdict
 from servematrix.report.regressions import spreads, ttft_spreads
 from servematrix.store.rowschema import Row
 from servematrix.util import atomic_write
@@ -194,7 +194,7 @@ def _interval(entry: Mapping[str, Any], key: str) -> str:
 
 def decided(verdict: object) -> bool:
     """Whether a run's verdict says something about the stack (not an error of the harness, not stopped)."""
-    return verdict_kind(str(verdict)) not in RETRY_KINDS
+    return Verdict.parse(str(verdict)).final
 
 
 def categorize(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> tuple[str, str]:
