@@ -12,17 +12,21 @@ that the class was named again, when, by which signatures, and what the run had 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
-from servematrix.classify import load_signatures, match_file
+from servematrix.classify import load_signatures
+from servematrix.classify.scanner import Match, scan_stream
 from servematrix.classify.signatures import SignatureDataError
 from servematrix.formats.verdict import Verdict
 from servematrix.store.rowschema import Row
 from servematrix.store.store import Store
+from servematrix.util import DEFAULT_WORKDIR
 
 # Decided by the harness from a server's exit, with the log's tail as its excerpt: a signature may name it.
 LOG_DECIDED = frozenset({"server-exited"})
@@ -45,15 +49,46 @@ class Renamed:
     evidence: tuple[str, ...]
 
 
+def log_roots(store_path: Path) -> tuple[Path, ...]:
+    """The folders this host's runs write server logs into, as real paths: the working folder's
+    `.servematrix/logs`, and beside the store (a store kept in its workdir, or copied off its host with its
+    `.servematrix/logs`). A merged row names a log path another host wrote: it is read only inside these."""
+    store_dir = store_path.resolve().parent
+    folders = (Path.cwd() / DEFAULT_WORKDIR / "logs", store_dir / "logs", store_dir / DEFAULT_WORKDIR / "logs")
+    return tuple(dict.fromkeys(folder.resolve() for folder in folders))
+
+
 def log_of(row: Row, store_path: Path) -> Path | None:
     """The row's server log: as stored (relative to where the run ran), or beside the store when the store
-    was copied off its host with its `.servematrix/logs` (a device's results)."""
+    was copied off its host with its `.servematrix/logs` (a device's results). Only a regular file whose real
+    path (every link followed) lies in one of `log_roots` is a log: a path or a link that leaves them names
+    another file of this host, never a server log, and is not read."""
     stored = row.get("log_path")
-    if not stored:
+    if not stored or "\0" in str(stored):
         return None
-    path = Path(stored)
+    path = Path(str(stored))
     candidates = [path] if path.is_absolute() else [path, store_path.parent / path]
-    return next((p for p in candidates if p.is_file()), None)
+    roots = log_roots(store_path)
+    for candidate in candidates:
+        try:
+            real = candidate.resolve(strict=True)
+        except (OSError, RuntimeError):
+            continue
+        if any(real.is_relative_to(root) for root in roots) and stat.S_ISREG(real.stat().st_mode):
+            return real
+    return None
+
+
+def _match_log(log: Path, engine: str) -> Match | None:
+    """`match_file` of a log `log_of` allowed, opened without following a link swapped in since."""
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            return None
+        return scan_stream(stream, engine).best()
 
 
 def decided_by_log(row: Row, engine_classes: frozenset[str]) -> bool:
@@ -87,7 +122,7 @@ def renamed(store: Store, store_path: Path) -> Iterator[Renamed]:
         log = log_of(row, store_path)
         if log is None:
             continue  # its log was not kept: the class stays as the run named it
-        found = match_file(log, engine)
+        found = _match_log(log, engine)
         was = Verdict.parse(str(row["verdict"])).detail
         if found is None or found.cls == was:
             continue

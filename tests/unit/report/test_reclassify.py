@@ -113,3 +113,43 @@ def test_a_missing_store_is_an_input_error(tmp_path, capsys):
     assert main(["reclassify", "--store", str(tmp_path / "absent.sqlite")]) == 2
     assert "absent.sqlite: no such store" in capsys.readouterr().err
     assert not (tmp_path / "absent.sqlite").exists()
+
+
+def test_a_log_path_leaving_this_hosts_log_folders_is_never_read(store_dir, tmp_path, capsys):
+    """H1: a merged row names a private file of this host (absolute, `../` relative, or a link planted in
+    the log folder that points out of it): none is read, so none of its lines reaches an excerpt."""
+    private = tmp_path / "victim" / "notes.log"
+    private.parent.mkdir()
+    shutil.copy(BREAKABLE, private)
+    private.chmod(0o600)
+    logs = store_dir / ".servematrix" / "logs" / "r1"
+    (logs / "c-link.log").symlink_to(private)
+    (logs / "c-dirlink").symlink_to(private.parent, target_is_directory=True)
+    escape = "/".join([".."] * len(store_dir.resolve().parts)) + str(private)
+    path = store_dir / "results.sqlite"
+    with Store(path) as store:
+        store.record(**_row("c-abs", "fail:scheduler-died", str(private), host={"hostname": "elsewhere"}))
+        store.record(**_row("c-rel", "fail:scheduler-died", escape))
+        store.record(**_row("c-dots", "fail:scheduler-died", ".servematrix/logs/r1/../../../victim/notes.log"))
+        store.record(**_row("c-link", "fail:scheduler-died", _log("c-link")))
+        store.record(**_row("c-dirlink", "fail:scheduler-died", ".servematrix/logs/r1/c-dirlink/notes.log"))
+        store.record(**_row("c-dev", "fail:scheduler-died", "/dev/zero"))
+    before = _verdicts(path)
+    assert main(["reclassify", "--store", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "0 failure cause(s) named again" in err
+    assert _verdicts(path) == before
+
+
+def test_a_log_inside_the_log_folder_reached_through_a_link_inside_it_is_read(store_dir, capsys):
+    """The containment check is on real paths: a link that stays inside the log folder is a log."""
+    logs = store_dir / ".servematrix" / "logs" / "r1"
+    (logs / "c-alias.log").symlink_to(logs / "c-died.log")
+    path = store_dir / "results.sqlite"
+    with Store(path) as store:
+        store.record(**_row("c-alias", "fail:scheduler-died", _log("c-alias")))
+    assert main(["reclassify", "--store", str(path)]) == 0
+    assert (
+        "c-alias matrix/h200-glm5.toml mode=breakable: scheduler-died -> graph-capture-failed"
+        in capsys.readouterr().out
+    )
