@@ -42,6 +42,7 @@ from servematrix.planning.schedule import makespan_line, stored_spans
 from servematrix.report import owned
 from servematrix.report.history import record as history
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
+from servematrix.store.redact import bounded_evidence, bounded_excerpt
 from servematrix.store.rowschema import in_future
 from servematrix.store.store import Row, Store
 from servematrix.util import DEFAULT_WORKDIR
@@ -348,8 +349,8 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
         Row(
             values={
                 **(row.values if isinstance(row, Row) else row),
-                "excerpt": scrub_host_paths(str(row.get("excerpt") or "")) or row.get("excerpt"),
-                "evidence": [scrub_host_paths(str(e)) for e in row.get("evidence") or []],
+                "excerpt": bounded_excerpt(scrub_host_paths(str(row.get("excerpt") or ""))) or row.get("excerpt"),
+                "evidence": [scrub_host_paths(str(e)) for e in bounded_evidence(row.get("evidence") or [])],
                 "lock_file": _portable_path(row.get("lock_file")),
             }
         )

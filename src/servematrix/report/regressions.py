@@ -32,6 +32,7 @@ from typing import Any
 
 from servematrix.formats.verdict import observed, unserved
 from servematrix.stages import bench
+from servematrix.store.redact import bounded_evidence, bounded_excerpt
 from servematrix.store.rowschema import COLUMNS, Row, row_problem
 from servematrix.util import atomic_write
 
@@ -111,8 +112,8 @@ def export_results(
         if row.get("lock_file"):  # an absolute --lock-dir elsewhere would name the host's folders
             entry["lock_file"] = scrub_host_paths(portable_argv([row["lock_file"]], base)[0])
         entry["metrics"] = _trim_metrics(row.get("metrics"), base)
-        entry["excerpt"] = scrub_host_paths(str(row.get("excerpt") or "")) or row.get("excerpt")
-        entry["evidence"] = [scrub_host_paths(str(e)) for e in row.get("evidence") or []]
+        entry["excerpt"] = bounded_excerpt(scrub_host_paths(str(row.get("excerpt") or ""))) or row.get("excerpt")
+        entry["evidence"] = [scrub_host_paths(str(e)) for e in bounded_evidence(row.get("evidence") or [])]
         reference = _reference(row, previous)
         entry["previous"] = _summary(reference) if reference else None
         cells[row["cell_id"]] = entry

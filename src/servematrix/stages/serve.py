@@ -31,7 +31,7 @@ from servematrix.backends import LaunchSpec
 from servematrix.classify import LogScanner
 from servematrix.engines import Readiness
 from servematrix.formats.verdict import Verdict, failed
-from servematrix.store.redact import LineRedactingWriter, Redactor
+from servematrix.store.redact import EXCERPT_LINE_MAX, LineRedactingWriter, Redactor, bounded_excerpt
 
 TAIL_LINES = 30
 PARTIAL_MAX = 64 * 1024  # the most of an unfinished log line held between reads
@@ -238,7 +238,10 @@ class Server:
         return first_fatal
 
     def _tail(self) -> str:
-        return self._redactor.text("\n".join(self._lines))
+        # Each line is cut well past what the excerpt keeps before it is redacted (a 1 MB line is seconds of
+        # redaction), so a secret straddling the excerpt's cut is still whole when it is masked.
+        lines = (line[: 4 * EXCERPT_LINE_MAX] for line in self._lines)
+        return bounded_excerpt(self._redactor.text("\n".join(lines)))
 
     def _drain(self) -> None:
         """Let the log writer finish what the server wrote (a worker that outlives it may keep the pipe)."""

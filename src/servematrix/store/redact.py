@@ -182,6 +182,40 @@ def _known_values(values: Iterable[str], env: Mapping[str, str] | None) -> tuple
     return tuple(sorted(known, key=len, reverse=True))
 
 
+# An excerpt is a few lines of a log shown beside a verdict: bounded in lines and in each line's length wherever
+# it is made and again wherever it is stored or published (one crash printing a 30 MB repr made a 31 MB record).
+EXCERPT_LINES_MAX = 40
+EXCERPT_LINE_MAX = 1000  # as a signature's excerpt line (classify's EXCERPT_LINE_MAX)
+EVIDENCE_ITEMS_MAX = 40
+
+
+def bounded_line(line: str, limit: int = EXCERPT_LINE_MAX) -> str:
+    """One line cut to at most `limit` characters, saying how much was cut (idempotent)."""
+    if len(line) <= limit:
+        return line
+    keep = limit - 40  # room for the note, whose count has at most 20 digits
+    return f"{line[:keep]} … ({len(line) - keep} characters cut)"
+
+
+def bounded_excerpt(text: str, *, lines: int = EXCERPT_LINES_MAX) -> str:
+    """An excerpt of at most `lines` lines of at most EXCERPT_LINE_MAX characters: its first line (what the
+    verdict says) and its last lines (what the log said last), the rest elided with a count. Idempotent."""
+    if len(text) <= EXCERPT_LINE_MAX and "\n" not in text:
+        return text
+    kept = text.split("\n")
+    if len(kept) > lines:
+        kept = [kept[0], f"… ({len(kept) - lines + 2} lines elided)", *kept[-(lines - 2) :]]
+    return "\n".join(bounded_line(line) for line in kept)
+
+
+def bounded_evidence(items: Sequence[Any]) -> list[Any]:
+    """At most EVIDENCE_ITEMS_MAX items of evidence, each text bounded as an excerpt line."""
+    if len(items) <= EVIDENCE_ITEMS_MAX:
+        return [bounded_line(i) if isinstance(i, str) else i for i in items]
+    kept = [bounded_line(i) if isinstance(i, str) else i for i in items[: EVIDENCE_ITEMS_MAX - 1]]
+    return [*kept, f"… ({len(items) - len(kept)} more items of evidence elided)"]
+
+
 # Terminal control sequences (ECMA-48, 7- and 8-bit) and control characters, but tab, line feed and carriage
 # return: removed before anything is redacted, so an escape inside a secret (`Xy7k\e[0mq9ZzP4wL`) cannot hide it
 # from a match, and no excerpt drives the terminal that prints it (as classify/lines.py does for one line).

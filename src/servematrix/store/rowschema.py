@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS cell_runs (
     log_path      TEXT,
     stages        TEXT,            -- JSON: stage -> seconds
     preflight_hash TEXT,           -- the inputs of its CPU pre-flight verdict (reuse.py)
+    preflight     TEXT,            -- JSON: pre-flight stage -> its key, outcome, verdict, evidence (reuse.py)
+    prediction    TEXT,            -- a served cell's own CPU pre-flight verdict, beside what it observed
     started_at    TEXT NOT NULL,
     finished_at   TEXT,
     PRIMARY KEY (run_id, cell_id)
@@ -100,10 +102,14 @@ COLUMNS = (
     "log_path",
     "stages",
     "preflight_hash",
+    "preflight",
+    "prediction",
     "started_at",
     "finished_at",
 )
-JSON_COLUMNS = frozenset({"axes", "evidence", "metrics", "argv", "redacted_flags", "crossed_pins", "host", "stages"})
+JSON_COLUMNS = frozenset(
+    {"axes", "evidence", "metrics", "argv", "redacted_flags", "crossed_pins", "host", "stages", "preflight"}
+)
 
 
 # Columns a row cannot be read without: an input missing one of them is not a servematrix store.
@@ -121,7 +127,7 @@ _MATRIX_PATH = re.compile(r"[A-Za-z0-9._+@,~/ ()-]+")
 _NAMES = ("run_id", "cell_id", "env_id", "mode")
 _TEXTS = (
     *("engine", "matrix", "inputs_hash", "status", "verdict", "excerpt", "lock_hash", "lock_file"),
-    *("image_digest", "backend", "log_path", "started_at", "finished_at"),
+    *("image_digest", "backend", "log_path", "started_at", "finished_at", "prediction"),
 )
 _INTEGERS = ("harness_pid", "server_pid", "server_pgid")
 _HOST_TEXTS = ("hostname", "cpu", "os", "gpu_sku", "driver")
@@ -158,7 +164,7 @@ def row_problem(values: Mapping[str, Any]) -> str | None:
         items = values.get(key)
         if items is not None and (not isinstance(items, list) or not all(isinstance(i, str) for i in items)):
             return f"{key} is {_kind(items)}, not a list of text"
-    for key in ("metrics", "crossed_pins", "host", "stages"):
+    for key in ("metrics", "crossed_pins", "host", "stages", "preflight"):
         if values.get(key) is not None and not isinstance(values[key], dict):
             return f"{key} is {_kind(values[key])}, not a table"
     host = values.get("host") or {}
@@ -257,9 +263,10 @@ def _redact_values(values: Mapping[str, Any]) -> dict[str, Any]:
         flags = _engine_secret_flags() | frozenset(out.get("redacted_flags") or ())
         out["argv"] = redact.redact_argv(out["argv"], flags)
     if out.get("excerpt"):
-        out["excerpt"] = redact.redact(out["excerpt"], env={})
+        out["excerpt"] = redact.bounded_excerpt(redact.redact(out["excerpt"], env={}))
     if out.get("evidence"):
-        out["evidence"] = [redact.redact(e, env={}) if isinstance(e, str) else e for e in out["evidence"]]
+        evidence = redact.bounded_evidence(out["evidence"])
+        out["evidence"] = [redact.redact(e, env={}) if isinstance(e, str) else e for e in evidence]
     return out
 
 

@@ -328,3 +328,21 @@ def test_a_cpu_preflight_never_overwrites_nor_regresses_a_gpu_observation():
     failed = {**observed, "run_id": "gpu2", "verdict": "fail:cuda-oom", "finished_at": "2026-12-03T00:00:00+00:00"}
     assert merge_published(published, [failed]).rows[0]["verdict"] == "fail:cuda-oom"
     assert [r.kind for r in detect_regressions([failed], published)] == ["verdict"]
+
+
+def test_a_huge_excerpt_is_bounded_where_it_is_published(project: Path):
+    """M8: a store whose excerpt and evidence were written unbounded (by another tool, or an older harness)
+    publishes a bounded excerpt: the record and the page stay small."""
+    store = project / "huge.sqlite"
+    with Store(store) as s:
+        record(s, "a", run="r2", finished=T2, verdict="fail:server-exited")
+    huge = "exit code 1; last lines:\n" + "\n".join(f"{i} " + "z" * 300_000 for i in range(30))
+    with sqlite3.connect(store) as db:
+        db.execute("UPDATE cell_runs SET excerpt = ?, evidence = ?", (huge, json.dumps(["ev" * 3000] * 5000)))
+    assert main(["report", "--publish", "--store", str(store)]) == 0
+    cell = published(project / "docs")["a"]
+    assert cell["verdict"] == "fail:server-exited"
+    assert len(cell["excerpt"]) < 40_000 and cell["excerpt"].startswith("exit code 1; last lines:")
+    assert len(cell["evidence"]) <= 40 and all(len(e) <= 1000 for e in cell["evidence"])
+    assert (project / "docs" / "results" / "latest.json").stat().st_size < 500_000
+    assert (project / "docs" / "compatibility.html").stat().st_size < 2_000_000

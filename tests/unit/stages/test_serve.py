@@ -210,3 +210,17 @@ def test_secret_flag_values_of_the_launch_are_redacted_in_the_log(tmp_path):
     text = (tmp_path / "server.log").read_text()
     assert "ServerArgs(dsn=" in text and "ready" in text
     assert plain not in text and plain not in (ready.verdict.excerpt if ready.verdict else "")
+
+
+def test_a_crash_printing_huge_lines_gives_a_bounded_excerpt(tmp_path):
+    """M8: a server that prints a huge repr (30 lines of 200,000 characters) and exits: the excerpt is a
+    bounded number of bounded lines, ending with what it printed last."""
+    replay = tmp_path / "huge.log"
+    replay.write_text("".join(f"line{i} " + "y" * 200_000 + "\n" for i in range(30)))
+    with _server(tmp_path, "--replay", str(replay), "--after", "0.1", "--then", "exit") as server:
+        ready = server.wait_ready()
+    assert not ready.ok and ready.verdict is not None and ready.verdict.detail == "server-exited"
+    excerpt = ready.verdict.excerpt
+    assert len(excerpt) < 40_000
+    assert all(len(line) <= 1000 for line in excerpt.splitlines())
+    assert "line29 yyy" in excerpt.splitlines()[-1] and "characters cut" in excerpt

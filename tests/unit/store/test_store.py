@@ -385,3 +385,29 @@ def test_harnesses_that_open_a_new_store_at_the_same_moment_all_get_it(tmp_path)
         for opener in openers:
             _, err = opener.communicate(timeout=120)
             assert opener.returncode == 0, err
+
+
+def test_an_excerpt_and_evidence_are_bounded_as_stored_and_as_merged(tmp_path):
+    """M8: a crash printing 30 lines of a million characters, or a crafted store's 20,000 items of evidence,
+    is stored as a bounded excerpt: a recorded row is bounded on its way in, a merged row again."""
+    huge = "exit code 1; last lines:\n" + "\n".join(f"{i} " + "x" * 1_000_000 for i in range(30))
+    with Store(tmp_path / "a.sqlite") as store:
+        store.record(**_row("r1", "c1"), verdict="fail:server-exited", excerpt=huge, evidence=["e" * 5000] * 20_000)
+        row = store.latest()[0]
+    assert len(row["excerpt"]) < 40_000 and row["excerpt"].startswith("exit code 1; last lines:\n")
+    assert row["excerpt"].splitlines()[-1].startswith("29 xxx") and "characters cut" in row["excerpt"]
+    assert len(row["evidence"]) <= 40 and all(len(e) <= 1000 for e in row["evidence"])
+    # A store written by something else (its text unbounded) is bounded as it is merged.
+    crafted = tmp_path / "crafted.sqlite"
+    shutil.copy(tmp_path / "a.sqlite", crafted)
+    with sqlite3.connect(crafted) as db:
+        db.execute("UPDATE cell_runs SET excerpt = ?, evidence = ?", (huge, json.dumps(["e" * 5000] * 20_000)))
+    with Store(tmp_path / "out.sqlite") as out:
+        assert out.merge([crafted]) == [1]
+        merged = out.latest()[0]
+    assert len(merged["excerpt"]) < 40_000 and len(merged["evidence"]) <= 40
+    # Bounding is idempotent: what is bounded once is kept as it is.
+    with Store(tmp_path / "again.sqlite") as again:
+        again.record(**_row("r1", "c1"), verdict="fail:server-exited", excerpt=row["excerpt"], evidence=row["evidence"])
+        assert again.latest()[0]["excerpt"] == row["excerpt"]
+        assert again.latest()[0]["evidence"] == row["evidence"]
