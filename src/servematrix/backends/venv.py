@@ -3,18 +3,31 @@
 Environments are built in a temporary directory and renamed into place, so a crash never leaves a
 half-installed venv that a later run would trust. The exact installed set (`uv pip freeze`) and its
 hash are the environment's provenance.
+
+Several harnesses may share one workdir: the build of one environment holds an exclusive lock on
+`<env_id>.lock` beside it, so a second harness waits and then finds the first one's venv built (never two
+builds in one staging folder, whose collision would read as the stack's `fail:build`). A rebuild (changed
+inputs) never removes a venv a live server runs from (a process whose `VIRTUAL_ENV` names it): it builds
+beside it, as `<env_id>@<input hash>`, and a venv left so is removed by a later build once nothing runs from
+it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import glob
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
 from servematrix.util import log_tail, uv_env
@@ -35,21 +48,31 @@ class VenvBackend(HostProcesses):
 
     def build(self, request: BuildInput, log_path: Path) -> Built:
         started = time.monotonic()
-        target = self.path(request.env_id)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _exclusive(self.root / f"{request.env_id}.lock"):
+            return self._build_locked(request, log_path, started)
+
+    def _build_locked(self, request: BuildInput, log_path: Path, started: float) -> Built:
         wanted = _input_hash(request)
-        marker = target / MARKER
-        if marker.is_file():
-            recorded = json.loads(marker.read_text())
-            if recorded.get("input_hash") == wanted:
+        current = self.path(request.env_id)
+        beside = current.with_name(f"{current.name}@{wanted}")
+        for built in (current, beside):
+            recorded = _recorded(built)
+            if recorded is not None and recorded.get("input_hash") == wanted:
                 return Built(
                     ok=True,
                     env_id=request.env_id,
-                    prefix=target,
+                    prefix=built,
                     lock_hash=recorded["lock_hash"],
                     installed=recorded["installed"],
                     cached=True,
                     seconds=time.monotonic() - started,
                 )
+        # Venvs of earlier inputs that nothing runs from any more are removed; one a server runs from stays.
+        for old in (current, *current.parent.glob(f"{glob.escape(current.name)}@*")):
+            if old.is_dir() and not _in_use(old):
+                shutil.rmtree(old, ignore_errors=True)
+        target = beside if current.exists() else current
         staging = target.with_name(target.name + ".building")
         shutil.rmtree(staging, ignore_errors=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +116,6 @@ class VenvBackend(HostProcesses):
         (staging / MARKER).write_text(
             json.dumps({"input_hash": wanted, "lock_hash": lock_hash, "installed": installed}, indent=1)
         )
-        shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         return Built(
             ok=True,
@@ -120,6 +142,38 @@ class VenvBackend(HostProcesses):
     def python(self, built: Built, *, visible: tuple[Path, ...] = ()) -> tuple[str, ...]:
         assert built.prefix is not None
         return (str(built.prefix / "bin" / "python"),)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (created) for the block, across processes of this host; waits for it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _recorded(prefix: Path) -> dict[str, Any] | None:
+    """What a built venv's marker records, or None (not built, or a marker that does not parse)."""
+    try:
+        recorded = json.loads((prefix / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def _in_use(prefix: Path) -> bool:
+    """Whether a live process of this host runs from the venv (`launch` sets its `VIRTUAL_ENV`)."""
+    wanted = {str(prefix), str(prefix.resolve())}
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("VIRTUAL_ENV") in wanted:
+                return True
+        except (psutil.Error, OSError):
+            continue  # gone, or another user's: not one of our servers
+    return False
 
 
 def _input_hash(request: BuildInput) -> str:
