@@ -168,24 +168,45 @@ def recipe_value(kind: GpuKind, flag: str) -> str:
     return flag_value(kind.args, flag) or RECIPE_DEFAULT
 
 
+def _groups(args: Sequence[str]) -> list[tuple[str, ...]]:
+    """`args` as groups: a flag with the values that follow it up to the next flag (`--cuda-graph-bs 1 2 4`
+    is one group of three values; `--flag=value` is a group of its own), a leading bare argument on its own."""
+    groups: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups or "=" in groups[-1][0] or not groups[-1][0].startswith("--"):
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return [tuple(group) for group in groups]
+
+
+def _flag_of(group: tuple[str, ...]) -> str | None:
+    head = group[0]
+    return head.partition("=")[0] if head.startswith("--") else None
+
+
 def recipe_args(kind: GpuKind, version: str) -> tuple[str, ...]:
     """The kind's server arguments for one engine release: its `args`, then each `args_by_release` row whose
-    range holds the release, a flag it gives set in place."""
-    args = tuple(kind.args)
+    range holds the release. A flag a row gives replaces the flag with all its values where it is given (a
+    flag of several values, `--cuda-graph-bs 1 2 4`, is replaced whole), else is appended; a bare argument
+    is appended unless the argv already holds it."""
+    groups = _groups(kind.args)
     for rows in kind.args_by_release:
         if not value_matches(version, rows.versions):
             continue
-        extra = list(rows.args)
-        while extra:
-            flag = extra.pop(0)
-            if flag.startswith("--") and "=" not in flag and extra and not extra[0].startswith("--"):
-                args = with_flag(args, flag, extra.pop(0))
-            elif flag.startswith("--") and "=" in flag:
-                name, _, value = flag.partition("=")
-                args = with_flag(args, name, value)
-            elif flag not in args:
-                args = (*args, flag)
-    return args
+        for group in _groups(rows.args):
+            flag = _flag_of(group)
+            if flag is None:
+                if not any(group[0] in kept for kept in groups):
+                    groups.append(group)
+                continue
+            where = [index for index, kept in enumerate(groups) if _flag_of(kept) == flag]
+            if not where:
+                groups.append(group)
+                continue
+            groups[where[0]] = group
+            groups = [kept for index, kept in enumerate(groups) if index not in where[1:]]
+    return tuple(arg for group in groups for arg in group)
 
 
 def cell_bound(spec: Spec) -> tuple[int, int]:

@@ -103,6 +103,35 @@ source = "a test"
     assert "cutlass" in old.command and "flashinfer_cutlass" not in old.command
 
 
+def test_args_by_release_replace_a_flag_of_several_values_whole(write_matrix):
+    """M3: sglang's `--cuda-graph-bs` takes several values; a release's row replaces all of them, in place, and
+    leaves no stray value behind (a bare argument repeated as a flag's value is kept too: L4)."""
+    text = TWO_KINDS.replace(
+        'args = ["--tp", "8", "--moe-runner-backend", "cutlass", "--kv-cache-dtype", "bf16"]',
+        'args = ["--cuda-graph-bs", "8", "16", "--mem-fraction-static", "0.8", "--tag", "a", "a"]',
+    ) + (
+        """
+[[gpu.rtx.args_by_release]]
+versions = ">=0.5.12"
+args = ["--cuda-graph-bs", "1", "2", "4", "--enable-x", "--mem-fraction-static=0.7"]
+source = "a test"
+"""
+    )
+    spec = load_spec(write_matrix(text))
+    kind = spec.file.gpu["rtx"]
+    assert recipe_args(kind, "0.5.9") == tuple(kind.args)
+    assert recipe_args(kind, "0.5.12") == (
+        *("--cuda-graph-bs", "1", "2", "4"),
+        "--mem-fraction-static=0.7",
+        *("--tag", "a", "a"),
+        "--enable-x",
+    )
+    new = next(c for c in expand(spec) if c.env.axes["sglang"] == "0.5.12" and c.env.axes["gpu"] == "rtx")
+    at = new.command.index("--cuda-graph-bs")
+    assert new.command[at : at + 5] == ("--cuda-graph-bs", "1", "2", "4", "--mem-fraction-static=0.7")
+    assert "16" not in new.command
+
+
 def test_with_flag_handles_both_spellings():
     assert with_flag(("--a=1", "--b", "2"), "--a", "3") == ("--a=3", "--b", "2")
     assert with_flag(("--b", "2"), "--a", "3") == ("--b", "2", "--a", "3")
