@@ -375,6 +375,22 @@ def _tiny_model_python() -> list[str]:
     return [uv, "run", "--no-project", "--quiet", *with_args, "python"]
 
 
+def cmd_advisories(args: argparse.Namespace) -> int:
+    from servematrix.advisories import load_advisories
+    from servematrix.advisories.command import render_json, render_table, touched
+    from servematrix.planning.plan import make_plan
+    from servematrix.stages.locking import default_lock_dir
+
+    advisories = load_advisories(args.advisories_dir)
+    plan = make_plan(args.matrix) if args.matrix is not None else None
+    rows = touched(advisories, plan, default_lock_dir(plan) if plan is not None else None)
+    if args.format == "json":
+        print(render_json(rows, with_cells=plan is not None))
+    else:
+        print(render_table(rows, plan=plan))
+    return 0
+
+
 def cmd_classify(args: argparse.Namespace) -> int:
     from servematrix.classify import NO_MATCH, match_file
 
@@ -469,6 +485,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "schema": cmd_schema,
     "tiny-model": cmd_tiny_model,
     "classify": cmd_classify,
+    "advisories": cmd_advisories,
     "reclassify": cmd_reclassify,
     "submit": cmd_submit,
     "nix-export": cmd_nix_export,

@@ -127,6 +127,11 @@ def matrix_file(name: str, path: Path) -> Path:
     raise InputError(f"{path}: {what}{suggestion}{listing}")
 
 
+def optional_matrix_file(name: str, path: Path | None) -> Path | None:
+    """`matrix_file` for a command whose matrix may be left out (`advisories`)."""
+    return matrix_file(name, path) if path is not None else None
+
+
 def at_least_one(name: str, value: int | None) -> int | None:
     if value is not None and value < 1:
         raise InputError(f"{name} must be at least 1")
@@ -355,6 +360,16 @@ COMMANDS: tuple[Command, ...] = (
         "found as stored (relative to where the run ran) or beside the store. Then `report --publish --store` "
         "publishes the rows. Exit 0 whether or not anything changed; 2 on a missing store.",
         epilog="example:\n  servematrix reclassify --store gpu-results/results.sqlite --dry-run",
+    ),
+    Command(
+        name="advisories",
+        help="list the known failures from public reports, and the cells of a matrix each one touches",
+        description="List the advisories (known failures from public sglang and flashinfer reports, packaged "
+        "as OSV records: docs/advisories.md) and, given a matrix, the applicable cells each one touches: "
+        "affected (every condition holds: the cell is predicted to fail with the advisory's class) or at-risk "
+        "(the advisory's condition may or may not hold for the cell). A malformed advisory is an error "
+        "naming its file, record and key (exit 2).",
+        epilog="examples:\n  servematrix advisories\n  servematrix advisories matrix/glm5-nvfp4.toml --format json",
     ),
     Command(
         name="submit",
@@ -662,6 +677,29 @@ OPTIONS: tuple[Option, ...] = (
         default="text",
         help="text (default) or JSON",
         commands=("recommend", "classify", "bisect"),
+    ),
+    # --- advisories
+    Option(
+        flags=("matrix",),
+        nargs="?",
+        type=Path,
+        help="also list the applicable cells of this matrix each advisory touches (default: the advisories alone)",
+        check=optional_matrix_file,
+        commands=("advisories",),
+    ),
+    Option(
+        flags=("--format",),
+        choices=("table", "json"),
+        default="table",
+        help="table (default) or JSON (each advisory, and with a matrix the ids of the cells it touches)",
+        commands=("advisories",),
+    ),
+    Option(
+        flags=("--advisories-dir",),
+        type=Path,
+        metavar="DIR",
+        help="read the advisories of DIR instead of the packaged ones",
+        commands=("advisories",),
     ),
     # --- reclassify
     Option(

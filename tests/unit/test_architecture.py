@@ -192,6 +192,7 @@ LAYERS = (
     "servematrix.store",
     "servematrix.planning",
     "servematrix.classify",
+    "servematrix.advisories",  # reads plans, locks and the model config; report/ and the pre-flight read it
     "servematrix.backends",
     "servematrix.stages",
     "servematrix.report",
