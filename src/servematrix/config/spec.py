@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -274,6 +275,8 @@ def load_spec(path: Path | str) -> Spec:
     _check_bench(source, file, engine)
     _check_arguments(source, file)
     _check_tensor_parallel(source, file, engine)
+    _check_harness_flags(source, file, engine)
+    _check_flag_axes_reach_the_server(source, file, engine)
     exclude = tuple(_rule(source, ("exclude", i), r, file, engine) for i, r in enumerate(file.exclude))
     include = tuple(_rule(source, ("include", i), r, file, engine) for i, r in enumerate(file.include))
     _check_includes(source, include, engine)
@@ -323,6 +326,80 @@ def _check_tensor_parallel(source: TomlSource, file: SpecFile, engine: Engine) -
                     f"engine {engine.name} {version} does not say how to serve tensor-parallel (its data has no "
                     "[[tensor_parallel]] row for this version)",
                 )
+
+
+def _sets(args: Sequence[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in args)
+
+
+def _harness_flags(engine: Engine, versions: Sequence[str]) -> set[str]:
+    """The flags whose value the harness fills in each release's launch command (`--port {port}`, `--host
+    {host}`): the harness picks the port it probes and binds the server to loopback; a matrix never sets them."""
+    owned = {"--port", "--host"}
+    for version in versions:
+        try:
+            argv = engine.launch_argv(version)
+        except InputError:
+            continue
+        owned |= {argv[i - 1] for i, part in enumerate(argv) if part in ("{port}", "{host}") and i}
+    return {flag for flag in owned if flag.startswith("-")}
+
+
+def _check_harness_flags(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    """A matrix that sets `--port` or `--host` would move the server off the port the harness probes (a
+    `server-timeout` blamed on the stack) or off loopback (argparse keeps the last value): refused."""
+    owned = _harness_flags(engine, file.axes.get(engine.version_axis, []))
+    places: list[tuple[KeyPath, str]] = [(("server", "args", i), a) for i, a in enumerate(file.server.args)]
+    for name, kind in file.gpu.items():
+        places += [(("gpu", name, "args", i), a) for i, a in enumerate(kind.args)]
+        places += [
+            (("gpu", name, "args_by_release", r, "args", i), a)
+            for r, rows in enumerate(kind.args_by_release)
+            for i, a in enumerate(rows.args)
+        ]
+    places += [(("flag_axes", name, "flag"), axis.flag) for name, axis in file.flag_axes.items()]
+    for where, arg in places:
+        flag = arg.partition("=")[0]
+        if flag in owned:
+            raise source.error(
+                where,
+                f"{flag} is the harness's own: it picks the server's port and binds it to 127.0.0.1 "
+                "(a matrix's value would override it); remove it",
+            )
+
+
+def _check_flag_axes_reach_the_server(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    """A flag axis whose flag a mode's args or the tensor-parallel args also give is refused: those come after
+    the kind's args in the argv, and argparse keeps the last value, so every cell of the sweep would run the
+    mode's value under the swept value's label. (The axis is not applied last instead: a mode's flags are what
+    make it that mode, and a sweep that overrode them would publish cells of another mode under its name.)"""
+    versions = file.axes.get(engine.version_axis, [])
+    modes = file.axes.get("mode", [])
+    for name, axis in file.flag_axes.items():
+        kinds = [kind for kind in file.axes.get("gpu", []) if kind in file.gpu and (not axis.gpu or kind in axis.gpu)]
+        for version in versions:
+            try:
+                flag = engine.rename_flags((axis.flag,), version)[0]
+            except InvalidVersion:
+                continue
+            for mode in modes:
+                flags = engine.mode_flags_for(mode, version)
+                if flags.applicable and _sets(engine.rename_flags(flags.args, version), flag):
+                    raise source.error(
+                        ("flag_axes", name, "flag"),
+                        f"flag axis {name!r} sweeps {axis.flag}, which mode {mode!r} sets itself on "
+                        f"{engine.name} {version} (its args come last, so every cell would run the mode's value): "
+                        "sweep another flag, or leave that mode out of this matrix",
+                    )
+            for kind in kinds:
+                gpu = file.gpu[kind]
+                parallel = engine.tensor_parallel_args(version, gpus=gpu.count, port=engine.default_port)
+                if gpu.tensor_parallel and _sets(parallel, flag):
+                    raise source.error(
+                        ("flag_axes", name, "flag"),
+                        f"flag axis {name!r} sweeps {axis.flag}, which the tensor-parallel args of GPU kind "
+                        f"{kind!r} set on {engine.name} {version} (from its count): sweep another flag",
+                    )
 
 
 def _engine(source: TomlSource, file: SpecFile) -> Engine:

@@ -258,3 +258,61 @@ def test_a_bench_api_the_engine_does_not_serve_is_refused_at_its_line(write_matr
     assert err.location is not None and err.location.key == "bench.api"
     assert err.location.line == text.splitlines().index('api = "generate"') + 1
     assert "does not serve the 'generate' API" in str(err)
+
+
+CPU_SMOKE = (MATRIX / "cpu-smoke.toml").read_text()
+
+
+def _line(text: str, needle: str) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_a_flag_axis_a_mode_sets_itself_is_refused(write_matrix, capsys):
+    """M4: the mode's args come after the swept flag, and argparse keeps the last value: a sweep of
+    --cb-num-blocks on continuous batching (whose args set it to 512) would label three cells 64/256/1024
+    that all run 512. The matrix is refused at the axis's flag, naming the mode."""
+    text = CPU_SMOKE.replace(
+        'mode = ["static", "continuous-batching"]', 'mode = ["continuous-batching"]\nblocks = ["64", "256"]'
+    )
+    text += '\n[flag_axes.blocks]\nflag = "--cb-num-blocks"\n'
+    err = _error(write_matrix, text)
+    assert err.location.key == "flag_axes.blocks.flag"
+    assert err.location.line == _line(text, 'flag = "--cb-num-blocks"')
+    assert "mode 'continuous-batching' sets itself" in err.message
+    assert main(["plan", str(write_matrix(text))]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    # A flag no mode sets is swept as before.
+    assert load_spec(write_matrix(text.replace("--cb-num-blocks", "--cb-other")))
+
+
+def test_a_flag_axis_the_tensor_parallel_args_set_is_refused(write_matrix):
+    """M4: on a tensor-parallel kind the engine appends `--tp-size {gpus}` after the kind's args."""
+    text = (MATRIX / "h200-smoke.toml").read_text()
+    text = text.replace("[axes]\n", '[axes]\ntp = ["4", "8"]\n', 1) + '\n[flag_axes.tp]\nflag = "--tp-size"\n'
+    err = _error(write_matrix, text)
+    assert err.location.key == "flag_axes.tp.flag"
+    assert "tensor-parallel args of GPU kind" in err.message
+
+
+@pytest.mark.parametrize(
+    ("edit", "key"),
+    [
+        (lambda t: t.replace("[server]\n", '[server]\nargs = ["--port", "9999"]\n', 1), "server.args[0]"),
+        (lambda t: t.replace("[server]\n", '[server]\nargs = ["--host=0.0.0.0"]\n', 1), "server.args[0]"),
+        (
+            lambda t: (
+                t.replace('mode = ["static", "continuous-batching"]', 'mode = ["static"]\nbind = ["x0"]')
+                + '\n[flag_axes.bind]\nflag = "--host"\n'
+            ),
+            "flag_axes.bind.flag",
+        ),
+    ],
+)
+def test_a_matrix_never_sets_the_harnesss_port_or_host(write_matrix, edit, key):
+    """L5: the harness picks the port it probes and binds the server to loopback; a matrix's `--port` would
+    make a `server-timeout` of the stack, and its `--host 0.0.0.0` would expose the server."""
+    text = edit(CPU_SMOKE)
+    assert text != CPU_SMOKE
+    err = _error(write_matrix, text)
+    assert err.location.key == key
+    assert "the harness's own" in err.message

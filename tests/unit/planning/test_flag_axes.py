@@ -179,10 +179,10 @@ def test_a_swept_value_the_release_lacks_is_not_applicable_not_a_failure(write_m
     text = (
         SMALL_SGLANG.replace('sglang = ["0.5.9", "0.5.12"]', 'sglang = ["0.5.23"]')
         .replace('flashinfer = ["pinned", "0.6.12"]', 'flashinfer = ["pinned"]')
-        .replace('mode = ["baseline", "piecewise"]', 'mode = ["baseline"]\nprefill = ["disabled", "tc_piecewise"]')
+        .replace('mode = ["baseline", "piecewise"]', 'mode = ["baseline"]\nkv = ["bf16", "fp8_e5m2"]')
         + """
-[flag_axes.prefill]
-flag = "--cuda-graph-backend-prefill"
+[flag_axes.kv]
+flag = "--kv-cache-dtype"
 """
     )
     spec = load_spec(write_matrix(text))
@@ -193,8 +193,8 @@ flag = "--cuda-graph-backend-prefill"
         argv = cell.command[: cell.command.index("--host")] + cell.command[cell.command.index("--port") + 2 :]
         cell = dataclasses.replace(cell, command=argv)
         got = flags_preflight(PreflightInput(cell=cell, engine=engine, pins={}, cache_dir=tmp_path))
-        verdicts[cell.env.axes["prefill"]] = got
-    assert verdicts["tc_piecewise"] is not None
-    assert (verdicts["tc_piecewise"].kind, verdicts["tc_piecewise"].detail) == ("skipped", "not-applicable"), verdicts
-    assert "tc_piecewise" in verdicts["tc_piecewise"].excerpt
-    assert verdicts["disabled"] is None
+        verdicts[cell.env.axes["kv"]] = got
+    assert verdicts["fp8_e5m2"] is not None
+    assert (verdicts["fp8_e5m2"].kind, verdicts["fp8_e5m2"].detail) == ("skipped", "not-applicable"), verdicts
+    assert "fp8_e5m2" in verdicts["fp8_e5m2"].excerpt
+    assert verdicts["bf16"] is None
