@@ -16,6 +16,7 @@ from pathlib import Path
 from servematrix.bisection.command import cmd_bisect
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, Parser, add_options, validate
+from servematrix.releases.command import cmd_releases
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.run import hostinfo
 from servematrix.store.store import DEFAULT_STORE
@@ -489,6 +490,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "reclassify": cmd_reclassify,
     "submit": cmd_submit,
     "nix-export": cmd_nix_export,
+    "releases": cmd_releases,
 }
 
 

@@ -372,6 +372,18 @@ COMMANDS: tuple[Command, ...] = (
         epilog="examples:\n  servematrix advisories\n  servematrix advisories matrix/glm5-nvfp4.toml --format json",
     ),
     Command(
+        name="releases",
+        help="list the index's releases a matrix lacks, with their upload dates; --add writes them in",
+        description="For each version axis of a matrix (the engine's own, pinnable axes with a version, package "
+        "axes), the index's releases from the axis's oldest version on that the matrix lacks, with their upload "
+        "dates. The engine's axis gets every one; any other axis the index's newest. Left out, with a note: "
+        "pre-releases, yanked releases, releases without a wheel for the matrix's platforms and Python, and "
+        "post releases whose Requires-Dist is their base release's. --add writes them into the matrix, all or "
+        "nothing. Exit 0 with a listing; 2 on bad input; 1 when the index does not answer.",
+        epilog="examples:\n  servematrix releases matrix/glm5-nvfp4.toml --since sglang=0.5.10\n"
+        "  servematrix releases MATRIX --add --only sglang=0.5.13 --format json",
+    ),
+    Command(
         name="submit",
         help="run a matrix on a Slurm cluster: a job array per GPU kind and a merge job",
         description="Write and submit one Slurm job array per GPU kind (one task per group of environments, "
@@ -398,7 +410,7 @@ OPTIONS: tuple[Option, ...] = (
         default=DEFAULT_MATRIX,
         help=f"a matrix TOML file (default: {DEFAULT_MATRIX})",
         check=matrix_file,
-        commands=PLANNED,
+        commands=(*PLANNED, "releases"),
     ),
     Option(
         flags=("--select",),
@@ -747,7 +759,42 @@ OPTIONS: tuple[Option, ...] = (
         flags=("--index-url",),
         metavar="URL",
         help="the index to list releases from (default: the one uv would use)",
-        commands=("bisect",),
+        commands=("bisect", "releases"),
+    ),
+    # --- releases
+    Option(
+        flags=("--add",),
+        action="store_true",
+        help="write the releases marked for adding into the matrix file (its comments and layout kept; all or "
+        "nothing; every existing cell keeps its id)",
+        commands=("releases",),
+    ),
+    Option(
+        flags=("--since",),
+        action="append",
+        metavar="AXIS=V",
+        help="look at AXIS's releases from V on (default: the axis's oldest version in the matrix; repeatable)",
+        commands=("releases",),
+    ),
+    Option(
+        flags=("--only",),
+        action="append",
+        metavar="AXIS=V",
+        help="list and add only these releases (V1|V2 names several; repeatable), e.g. --only sglang=0.5.13",
+        commands=("releases",),
+    ),
+    Option(
+        flags=("--pre",),
+        action="store_true",
+        help="also list pre-releases",
+        commands=("releases",),
+    ),
+    Option(
+        flags=("--format",),
+        choices=("table", "json"),
+        default="table",
+        help="table (default) or JSON (each axis's range, missing and left-out releases, and what --add wrote)",
+        commands=("releases",),
     ),
     # --- submit --slurm
     Option(

@@ -198,6 +198,7 @@ LAYERS = (
     "servematrix.report",
     "servematrix.run",
     "servematrix.bisection",
+    "servematrix.releases",  # the release watcher: reads the index as bisection does, writes matrix files
     "servematrix.options",
     "servematrix.scaleout",
     "servematrix.cli",
