@@ -24,9 +24,11 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import json
 import os
 import shutil
 import sqlite3
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -42,10 +44,11 @@ from servematrix.planning.schedule import makespan_line, stored_spans
 from servematrix.report import owned
 from servematrix.report.history import record as history
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
+from servematrix.stages import naming
 from servematrix.store.redact import bounded_evidence, bounded_excerpt
 from servematrix.store.rowschema import in_future
 from servematrix.store.store import Row, Store
-from servematrix.util import DEFAULT_WORKDIR
+from servematrix.util import DEFAULT_WORKDIR, atomic_write
 
 PUBLISHED_SITE = Path("docs")
 PREVIEW_DIR = DEFAULT_WORKDIR / "report"
@@ -101,6 +104,7 @@ def publish_lock(out_dir: Path) -> Iterator[None]:
     try:
         if fd is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            _finish_pending(out_dir)  # a publish killed while moving its files: its files move in now
             for leftover in out_dir.glob(".servematrix-staging-*"):  # a publish killed mid-write left it
                 shutil.rmtree(leftover, ignore_errors=True)
         yield
@@ -133,6 +137,7 @@ def write_report(
             )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
+        _finish_pending(out_dir)
         staging = Path(tempfile.mkdtemp(prefix=".servematrix-staging-", dir=out_dir))
     except OSError as exc:
         raise InputError(f"{out_dir}: cannot write the report there ({exc.strerror}); nothing was written") from None
@@ -154,22 +159,23 @@ def write_report(
         files = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file() and p.name != owned.MANIFEST)
         for folder in sorted({out_dir / f.parent for f in files}):
             _check_writable(folder, [out_dir / f for f in files if out_dir / f.parent == folder])
-        moved = 0
+        # The files move one by one: a journal naming the staging folder makes the moves one change. A publish
+        # killed among them (history.json moved, latest.json not) leaves the journal, and the next publisher
+        # finishes the moves before it reads the record (`_finish_pending`), so the two never disagree.
+        atomic_write(out_dir / PENDING, json.dumps({"staging": staging.name, "files": [f.as_posix() for f in files]}))
         try:
-            for relative in files:
-                os.replace(staging / relative, out_dir / relative)
-                moved += 1
-            for name in _OWN_FOLDERS:
-                if (staging / name).is_dir():
-                    owned.replace_owned(out_dir / name, owned.owned(staging / name))
+            moved = _move_staged(out_dir, staging, files)
         except OSError as exc:
             raise InputError(
-                f"{out_dir}: moving the report into place failed after {moved} of {len(files)} file(s): {exc}"
+                f"{out_dir}: moving the report into place failed ({exc}); the next publish into it finishes the move"
             ) from None
+        (out_dir / PENDING).unlink()
+        assert moved == len(files)
     except OSError as exc:  # a full disk while the report was built (ENOSPC): nothing was moved into place
         raise InputError(f"{out_dir}: writing the report failed ({exc.strerror or exc}); nothing was written") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not (out_dir / PENDING).is_file():  # else kept for the next publish to finish moving
+            shutil.rmtree(staging, ignore_errors=True)
 
     def placed(path: Path) -> Path:
         return out_dir / path.relative_to(staging)
@@ -183,6 +189,41 @@ def write_report(
         results=placed(result.results) if result.results is not None else None,
         history=placed(result.history) if result.history is not None else None,
     )
+
+
+PENDING = Path(".servematrix-publish-pending.json")  # the journal of a publish's moves, in the site
+
+
+def _move_staged(out_dir: Path, staging: Path, files: Sequence[Path]) -> int:
+    """Move the staged files into the site (a file already moved is skipped: a move finished again), then
+    the own folders' manifests. Returns how many files are in place."""
+    for relative in files:
+        if (staging / relative).is_file():
+            os.replace(staging / relative, out_dir / relative)
+    for name in _OWN_FOLDERS:
+        if (staging / name).is_dir():
+            owned.replace_owned(out_dir / name, owned.owned(staging / name))
+    return sum((out_dir / relative).is_file() for relative in files)
+
+
+def _finish_pending(out_dir: Path) -> None:
+    """Finish the moves of a publish killed while it moved its files into `out_dir` (its journal names them),
+    holding the publish lock; a journal whose staging folder is gone, or that does not parse, is removed."""
+    journal = out_dir / PENDING
+    if not journal.is_file() or journal.is_symlink():
+        return
+    try:
+        pending = json.loads(journal.read_text(encoding="utf-8"))
+        staging = out_dir / str(pending["staging"])
+        files = [Path(str(f)) for f in pending["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        journal.unlink(missing_ok=True)
+        return
+    safe = staging.name.startswith(".servematrix-staging-") and staging.parent == out_dir and staging.is_dir()
+    if safe and all(not f.is_absolute() and ".." not in f.parts for f in files):
+        _move_staged(out_dir, staging, files)
+        print(f"servematrix: {out_dir}: finished moving a publish that was stopped midway", file=sys.stderr)
+    journal.unlink(missing_ok=True)
 
 
 def _advance_history(out_dir: Path, rows: Sequence[Row]) -> history.Advance:
@@ -356,6 +397,8 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
         )
         for row in merged.values()
     ]
+    # A pre-flight failure's class is named again from its excerpt by today's signatures (stages/naming.py).
+    published_rows_ = [Row(values=naming.renamed(row.values)) for row in published_rows_]
     ordered = tuple(sorted(published_rows_, key=lambda r: (str(r["env_id"]), str(r["mode"]), str(r["cell_id"]))))
     return Publication(
         rows=ordered,

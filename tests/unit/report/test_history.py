@@ -365,3 +365,55 @@ def test_recommend_shows_the_track_record_of_the_published_site(project: Path, c
     capsys.readouterr()
     assert main(["recommend"]) == 0
     assert "CPU predictions confirmed on a GPU: no cell has both" in capsys.readouterr().out
+
+
+KILLED_AFTER_HISTORY = """
+import os, signal, sys
+from servematrix.cli import main
+from servematrix.report import publish
+real = os.replace
+def replace(src, dst):
+    real(src, dst)
+    if str(dst).endswith("history.json") and ".servematrix-staging-" not in str(dst):
+        os.kill(os.getpid(), signal.SIGKILL)  # killed between history.json and latest.json
+publish.os.replace = replace  # the os module's: every move of the site's files
+sys.exit(main(["report", "--publish", "--store", sys.argv[1]]))
+"""
+
+
+def _store(root: Path, run: str, finished: str, verdict: str, cell: str = "a") -> Path:
+    store = root / f"{run}.sqlite"
+    with Store(store) as s:
+        s.record(
+            run_id=run, cell_id=cell, env_id=f"env-{cell}", engine="transformers", mode="static", matrix=MATRIX,
+            axes=AXES, inputs_hash="h", verdict=verdict, metrics=metrics((9.0, 10.0, 11.0)) if verdict == "pass" else None,
+            backend="venv", stages={"serve": 1.0, "bench": 2.0}, started_at=finished, finished_at=finished,
+        )  # fmt: skip
+    return store
+
+
+def test_a_publish_killed_between_history_and_latest_is_finished_by_the_next(project: Path):
+    """M6: history.json and latest.json are one change. A publish SIGKILLed right after moving history.json
+    (r2) and before latest.json leaves a journal; the next publish (of another store) finishes the move first,
+    so the record says r2 and the history holds r1 and r2 once each, never r1 filed again as flaky."""
+    import subprocess
+    import sys
+
+    results = project / "docs" / "results"
+    assert (
+        main(
+            ["report", "--publish", "--store", str(_store(project, "r1", "2026-02-01T00:00:00+00:00", "fail:cpu-oom"))]
+        )
+        == 0
+    )
+    r2 = _store(project, "r2", "2026-02-02T00:00:00+00:00", "pass")
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_HISTORY, str(r2)], cwd=project, check=False)
+    assert killed.returncode == -9
+    assert json.loads((results / "latest.json").read_text())["cells"]["a"]["run_id"] == "r1"  # torn, for now
+    other = _store(project, "r3", "2026-02-03T00:00:00+00:00", "pass", cell="z")
+    assert main(["report", "--publish", "--store", str(other)]) == 0
+    latest = json.loads((results / "latest.json").read_text())["cells"]
+    assert latest["a"]["run_id"] == "r2" and latest["a"]["verdict"] == "pass" and "z" in latest
+    entries = json.loads((results / "history.json").read_text())["cells"]["a"]["entries"]
+    assert [e["run_id"] for e in entries] == ["r1", "r2"], entries
+    assert not list((project / "docs").glob(".servematrix-*"))
