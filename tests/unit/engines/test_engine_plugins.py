@@ -86,7 +86,7 @@ def test_the_third_engine_is_listed_and_its_hooks_are_its_own(toy_engines, monke
     monkeypatch.setenv(ENGINES_PATH_ENV, os.pathsep.join((str(TOY_ENGINES), str(tmp_path))))
     assert "README.md" not in available_engines() and "toyserve" in available_engines()
     assert set(hooks_of(load_engine("toyserve")).preflights) == {"context-limit"}
-    assert set(hooks_of(load_engine("sglang")).preflights) == {"flags", "load", "trace"}
+    assert set(hooks_of(load_engine("sglang")).preflights) == {"flags", "config", "load", "trace"}
     assert hooks_of(load_engine("transformers")).preflights == {}
 
 

@@ -1,8 +1,12 @@
 """sglang's hooks (the contract: `engines/hooks.py`): the CPU pre-flights its data names
-(`preflight = ["flags", "load", "trace", "import"]`) and the trace probe's preamble.
+(`preflight = ["flags", "config", "load", "trace", "import"]`) and the trace probe's preamble.
 
 - `flags`: every flag of the cell's server argv must be accepted by that sglang release, and every value must
   be among its declared choices (`flagsurface`, read from the wheel of the cell's Python and platform).
+- `config`: the release knows the model at all (`configcheck`), read without installing sglang: the lock's own
+  transformers reads the model's config files, and the release's model registry (read from its wheel) has a
+  class for the config's architecture; either failing predicts `model-unsupported`. The server's `SGLANG_*`
+  variables that the release never reads, or reads only under another name, are warnings in the evidence.
 - `load`: sglang's own start-up on the CPU, in the environment the import check installs, as far as it goes
   (`loadprobe`): ServerArgs from the cell's argv, the model config, the registry, the backends and the
   quantization method chosen for the cell's arch, the modules built on the meta device. sglang's own error
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servematrix.engines.hooks import PreflightInput, PreflightUnavailable
-from servematrix.engines.sglang import flagsurface, loadprobe, traceprobe
+from servematrix.engines.sglang import configcheck, flagsurface, loadprobe, traceprobe
 from servematrix.errors import InputError
 from servematrix.formats import verdict
 from servematrix.formats.verdict import Verdict
@@ -93,7 +97,7 @@ def untraceable(result: traceprobe.ProbeResult) -> Verdict:
     )
 
 
-PREFLIGHTS = {"flags": flags, "load": loadprobe.load, "trace": trace}
+PREFLIGHTS = {"flags": flags, "config": configcheck.config, "load": loadprobe.load, "trace": trace}
 
 
 def probe_entry(inp: PreflightInput, entry: str, *, needs_gpu: bool) -> tuple[Verdict, bool]:

@@ -27,7 +27,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -387,7 +387,10 @@ def _write_result(path: Path, result: ProbeResult, report: dict) -> None:
 
 
 class _EnvError(RuntimeError):
-    pass
+    """A venv could not be built (`ensure_venv`)."""
+
+
+VenvError = _EnvError  # its name for `ensure_venv`'s other callers
 
 
 def _installer() -> str:
@@ -414,12 +417,29 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, data: _Data) -> Path:
-    python = env_dir / "bin" / "python"
     packages = [p.format(torch=torch_version, flashinfer=flashinfer_version) for p in data.probe.packages]
+    return ensure_venv(env_dir, packages, timeout_s=data.probe.install_timeout_s, what="probe venv")
+
+
+def ensure_venv(
+    env_dir: Path,
+    requirements: Sequence[str],
+    *,
+    timeout_s: float,
+    python: str | None = None,
+    what: str = "venv",
+) -> Path:
+    """A small venv of `requirements` (installer arguments: `name==version`, `-c FILE`, ...) at `env_dir`,
+    built once and kept (a marker says it is complete), one builder at a time across processes; its
+    interpreter. `python` is the base interpreter (default: `SERVEMATRIX_PROBE_PYTHON`, else this one). Also
+    the sglang config pre-flight's transformers venv (`configcheck`)."""
+    python_in_venv = env_dir / "bin" / "python"
+    packages = list(requirements)
+    base = python or _base_python()
     marker = env_dir / _READY
     with _locked(env_dir.with_name(env_dir.name + ".lock")):
-        if marker.is_file() and python.exists():
-            return python
+        if marker.is_file() and python_in_venv.exists():
+            return python_in_venv
         shutil.rmtree(env_dir, ignore_errors=True)
         installer = _installer()
         if installer == "uv":
@@ -427,14 +447,14 @@ def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, d
             if uv is None:
                 raise _EnvError(f"uv not found; install it or set {INSTALLER_ENV}=pip")
             steps = [
-                [uv, "venv", "--quiet", "--python", _base_python(), str(env_dir)],
-                [uv, "pip", "install", "--quiet", "--python", str(python), *packages],
+                [uv, "venv", "--quiet", "--python", base, str(env_dir)],
+                [uv, "pip", "install", "--quiet", "--python", str(python_in_venv), *packages],
             ]
         else:
             steps = [
-                [_base_python(), "-m", "venv", str(env_dir)],
+                [base, "-m", "venv", str(env_dir)],
                 [
-                    str(python),
+                    str(python_in_venv),
                     "-m",
                     "pip",
                     "install",
@@ -445,12 +465,12 @@ def _ensure_env(env_dir: Path, *, torch_version: str, flashinfer_version: str, d
                 ],
             ]
         for step in steps:
-            run = run_captured(step, timeout_s=data.probe.install_timeout_s, env=_install_env())
+            run = run_captured(step, timeout_s=timeout_s, env=_install_env())
             if run.returncode != 0:
                 shutil.rmtree(env_dir, ignore_errors=True)
-                raise _EnvError(f"probe venv: `{' '.join(step[:4])} ...` failed: {_tail(run.stderr or run.stdout)}")
+                raise _EnvError(f"{what}: `{' '.join(step[:4])} ...` failed: {_tail(run.stderr or run.stdout)}")
         marker.write_text(json.dumps({"installer": installer, "packages": packages}, indent=1) + "\n")
-    return python
+    return python_in_venv
 
 
 def _install_env() -> dict[str, str]:
