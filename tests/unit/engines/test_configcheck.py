@@ -344,11 +344,19 @@ def test_without_a_lock_the_registry_still_decides(tmp_path, monkeypatch):
 
 
 def test_no_wheel_is_no_answer(tmp_path, monkeypatch):
-    def unreachable(*args, **kwargs):
-        raise wheelfacts.WheelUnavailable("no package index is reachable from this host")
+    def missing(*args, **kwargs):
+        raise wheelfacts.WheelUnavailable("could not download sglang==0.5.6: no such file")
 
+    monkeypatch.setattr(wheelfacts, "download_wheel", missing)
+    with pytest.raises(PreflightUnavailable, match="could not download"):
+        PREFLIGHTS["config"](cell_input(tmp_path, "0.5.6"))
+
+    def unreachable(*args, **kwargs):
+        raise wheelfacts.IndexUnreachable("no package index is reachable from this host (pip download: refused)")
+
+    # The flags pre-flight, which runs first, says that once for the run; this one only says it has no wheel.
     monkeypatch.setattr(wheelfacts, "download_wheel", unreachable)
-    with pytest.raises(PreflightUnavailable, match="no package index"):
+    with pytest.raises(PreflightUnavailable, match=r"no sglang 0\.5\.6 wheel to read: no index answers this host"):
         PREFLIGHTS["config"](cell_input(tmp_path, "0.5.6"))
 
 

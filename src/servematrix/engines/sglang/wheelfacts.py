@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servematrix.engines.sglang.wheels import WheelUnavailable, download_target, download_wheel
+from servematrix.engines.sglang.wheels import IndexUnreachable, WheelUnavailable, download_target, download_wheel
 from servematrix.formats.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION
 from servematrix.util import atomic_write
 
@@ -114,6 +114,9 @@ def wheel_facts(
             wheel = download_wheel(
                 sglang_version, dest=Path(cache_dir) / "wheels", target=download_target(python_version, platform)
             )
+        except IndexUnreachable:
+            # Said once for the run by the pre-flight that found it (flags): this one only says it has no wheel.
+            raise ConfigCheckError(f"no sglang {sglang_version} wheel to read: no index answers this host") from None
         except WheelUnavailable as exc:
             raise ConfigCheckError(str(exc)) from exc
         facts = facts_from_wheel(wheel, version=sglang_version)
