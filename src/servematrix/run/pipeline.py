@@ -29,7 +29,8 @@ from servematrix.formats import verdict
 from servematrix.formats.verdict import Verdict
 from servematrix.planning.cells import Cell, Environment
 from servematrix.planning.plan import Plan
-from servematrix.run import hostinfo, ports, reuse
+from servematrix.report.history import track
+from servematrix.run import hostinfo, ports, reuse, selfcheck
 from servematrix.run.models import ModelBuildError, StackImportError
 from servematrix.run.packing import Packed, jobs_to_pack, run_packed
 from servematrix.run.progress import RunProgress, print_summary, skip_message, wrap_free
@@ -37,6 +38,7 @@ from servematrix.run.reaper import reap_orphans
 from servematrix.run.runplan import (  # re-exported: what a run will do is decided there
     RunOptions,
     Summary,
+    check_imports_ahead,
     check_inputs,
     gpu_ready,
     inputs_hash,
@@ -46,7 +48,7 @@ from servematrix.run.runplan import (  # re-exported: what a run will do is deci
 from servematrix.run.serving import CellServer, Served
 from servematrix.stages import build, importcheck
 from servematrix.stages.locking import default_lock_dir, resolve_request
-from servematrix.stages.resolve import ResolveOutcome, resolve, resolve_cached
+from servematrix.stages.resolve import ResolveOutcome, resolve
 from servematrix.store.redact import masked_flags, redact_argv, spec_secret_flags
 from servematrix.store.store import Store
 from servematrix.store.store import now as store_now
@@ -88,6 +90,9 @@ class _EnvState:
     imported: bool = False  # the import check ran (its verdict, if any, is in `ended`)
     venv: importcheck.LockVenv | None = None  # the lock installed for the pre-flights that run the engine's code
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # Each environment stage's outcome (resolve, import), stored with every cell's row (reuse.outcome).
+    outcomes: dict[str, tuple[Verdict | None, tuple[str, ...], str]] = field(default_factory=dict)
+    kept_import: reuse.Kept | None = None  # a published import check of the same key, replayed (reuse.py)
 
 
 @dataclass
@@ -99,6 +104,8 @@ class _CellRun:
     prediction: Verdict | None = None  # the CPU pre-flights' verdict, checked by serving the cell
     probed: tuple[str, ...] = ()  # what the pre-flights that passed found (evidence)
     extra: dict[str, Any] = field(default_factory=dict)  # fields its row takes besides the verdict's
+    replay: reuse.Replay | None = None  # the published row's stages whose keys are today's (reuse.py)
+    outcomes: dict[str, tuple[Verdict | None, tuple[str, ...], str]] = field(default_factory=dict)  # hooks'
 
 
 @dataclass
@@ -110,6 +117,8 @@ class _Runner:
     console: Console
     summary: Summary
     _unavailable_said: set[tuple[str, str]] = field(default_factory=set)  # (pre-flight, reason) said this run
+    # A served cell's own CPU prediction and its stages' outcomes, stored with its row when it is decided.
+    _predicted: dict[str, tuple[str, dict[str, Any] | None]] = field(default_factory=dict)
     host: dict[str, Any] = field(init=False)  # this host's facts, in every row
     _started: str = field(init=False)  # when the run began: a claim older than this is a dead run's
     _secret_flags: frozenset[str] = field(init=False)
@@ -150,7 +159,7 @@ class _Runner:
         total = sum(len(c) for c in todo.values())
         if self.summary.skipped_unchanged:
             wrap_free(self.console, skip_message(self.summary.skipped_unchanged))
-        self._check_imports_ahead(todo)
+        check_imports_ahead(self.plan, self.options, todo, self._reuse, self._stage_note)
         packed = jobs_to_pack(self.plan, todo)
         self._progress = RunProgress(self.console, title=spec.path.name, total=total)
         with self._progress.shown():
@@ -198,33 +207,6 @@ class _Runner:
                     self._record(cell, _EnvState(env=cell.env), verdict.error("harness", excerpt=why))
                     self._progress.finished(cell, self.summary.verdicts[cell.id])
         return packed
-
-    def _check_imports_ahead(self, todo: dict[str, list[Cell]]) -> None:
-        """The import checks this run will need, each distinct current lock once and as many at once as the host
-        has room for (importcheck.check_all); each environment then reads its result from the check's cache."""
-        engine = self.plan.spec.engine
-        if not (self._wants("import") and "import" in engine.preflight):
-            return
-        lock_dir = self.options.lock_dir or default_lock_dir(self.plan)
-        by_python: dict[str, list[Path]] = {}
-        for env_id, cells in todo.items():
-            env = cells[0].env
-            if gpu_ready(env) or all(
-                not c.applicable or self._reuse.lookup(c, this_host_lacks_gpus=True) for c in cells
-            ):
-                continue
-            current = resolve_cached(resolve_request(self.plan, env_id), out_dir=lock_dir)
-            if current is not None and current.lockfile is not None:
-                by_python.setdefault(env.python, []).append(current.lockfile)
-        for python, locks in by_python.items():
-            distinct = importcheck.distinct_locks([p.name.removesuffix(".lock.txt") for p in locks], lock_dir)
-            jobs = min(distinct, importcheck.room(self.options.workdir / "cache"))
-            if jobs > 1:
-                self._stage_note(
-                    f"import checks: {distinct} distinct lock(s) of {len(locks)} environment(s), {jobs} at once"
-                )
-                cache = self.options.workdir / "cache"
-                importcheck.check_all(locks, engine, python_version=python, cache_dir=cache, jobs=jobs)
 
     def _claimed_cell(self, state: _EnvState, cell: Cell) -> None:
         """Run a cell under its lock (the claimed `running` row); a harness fault is `error:harness`."""
@@ -321,7 +303,18 @@ class _Runner:
             argv=argv,
         ) | {"preflight_hash": self._reuse.hash_for(cell)}
 
+    def _outcomes(self, cell: Cell, state: _EnvState, run: _CellRun | None = None) -> dict[str, Any]:
+        """Each pre-flight stage's outcome with today's key (reuse.py), for the cell's row."""
+        keys = self._reuse.keys_for(cell)
+        found = {**state.outcomes, **(run.outcomes if run is not None else {})}
+        return {
+            stage: reuse.outcome(keys[stage], result, evidence, state=how)
+            for stage, (result, evidence, how) in found.items()
+            if stage in keys
+        }
+
     def _record(self, cell: Cell, state: _EnvState, result: Verdict, **extra: Any) -> None:
+        extra.setdefault("preflight", self._outcomes(cell, state) or None)
         self.store.record(
             **{**self._row(cell, state), **extra},
             verdict=str(result),
@@ -348,7 +341,10 @@ class _Runner:
         started = time.monotonic()
         state.resolved = self._resolve(state.env)
         state.stage_seconds["resolve"] = round(time.monotonic() - started, 3)
-        return verdict.resolve_ended(state.resolved.status, state.resolved.reason)
+        ended = verdict.resolve_ended(state.resolved.status, state.resolved.reason)
+        how = "resolved" if ended is None else ("error" if ended.kind == "error" else "")
+        state.outcomes["resolve"] = (ended, (), how)
+        return ended
 
     def _import_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """On a host without the environment's GPUs (nothing is built there), the import check, once."""
@@ -357,7 +353,14 @@ class _Runner:
         if not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
             return None
         state.imported = True  # once per environment: its cells share the lock
-        return self._import_check(state, cell)
+        if state.kept_import is not None:  # the published check of this lock, check data and code (reuse.py)
+            state.notes = state.kept_import.evidence
+            state.outcomes["import"] = (None, state.notes, "")
+            return None
+        ended = self._import_check(state, cell)
+        how = "error" if ended is not None and ended.kind == "error" else ""
+        state.outcomes["import"] = (ended, () if ended is not None else state.notes, how)
+        return ended
 
     def _build_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
         if not gpu_ready(state.env) or not self._wants("build") or state.built is not None:
@@ -422,7 +425,7 @@ class _Runner:
         for stage in self.CELL_STAGES:
             ended = stage(self, run)
             if ended is not None:
-                self._record(cell, state, ended, **run.extra)
+                self._record(cell, state, ended, **{"preflight": self._outcomes(cell, state, run) or None, **run.extra})
                 return
 
     def _applicable(self, run: _CellRun) -> Verdict | None:
@@ -431,12 +434,17 @@ class _Runner:
 
     def _reused(self, run: _CellRun) -> Verdict | None:
         """A published CPU verdict with the same inputs (reuse.py) ends the cell as it was decided."""
-        reused = self._reuse.lookup(run.cell, this_host_lacks_gpus=not gpu_ready(run.state.env))
+        reused = self._reuse.replay(run.cell, this_host_lacks_gpus=not gpu_ready(run.state.env))
         if reused is None:
+            return None
+        if reused.verdict is None:  # some stages changed: they run again, the others give their stored outcome
+            run.replay = reused
+            if "import" in reused.kept and run.state.kept_import is None:
+                run.state.kept_import = reused.kept["import"]
             return None
         self._stage(run.cell, reused.note)
         self.summary.reused += 1
-        run.extra = reuse.provenance(reused.row)
+        run.extra = reuse.provenance(reused.row) | {"preflight": reused.row.get("preflight")}
         return reused.verdict
 
     def _environment(self, run: _CellRun) -> Verdict | None:
@@ -445,7 +453,17 @@ class _Runner:
     def _preflights(self, run: _CellRun) -> Verdict | None:
         if not self._wants("probe"):
             return None
-        run.prediction, run.probed = self._probe(run.state, run.cell)
+        if self._served_here(run.state):
+            # Issue 47: a GPU run first pre-flights itself on the interpreter and packages it serves with, so
+            # its prediction and its observation share their inputs (the track record scores the pair).
+            assert run.state.built is not None
+            found = selfcheck.import_on_built(self.backend.python(run.state.built), self.plan.spec.engine)
+            if found is not None:
+                run.outcomes["import"] = found
+            if found is not None and found[0] is not None:
+                run.prediction = found[0]
+                return None
+        run.prediction, run.probed = self._probe(run.state, run.cell, run)
         if run.prediction is not None and run.prediction.kind == "fail":
             return run.prediction  # observed in the wheel: 0 GPU-seconds
         return None
@@ -471,12 +489,19 @@ class _Runner:
         return verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}")
 
     def _serving(self, run: _CellRun) -> Verdict | None:
+        if self._wants("probe"):  # what the cell's own pre-flights predicted, stored beside what it observes
+            self._predicted[run.cell.id] = (
+                str(run.prediction) if run.prediction is not None else "pass",
+                self._outcomes(run.cell, run.state, run) or None,
+            )
         self._serve_and_bench(run.state, run.cell, run.prediction)
         return None
 
     CELL_STAGES = (_applicable, _reused, _environment, _preflights, _gpus_here, _serving_asked, _serving)
 
-    def _probe(self, state: _EnvState, cell: Cell) -> tuple[Verdict | None, tuple[str, ...]]:
+    def _probe(
+        self, state: _EnvState, cell: Cell, run: _CellRun | None = None
+    ) -> tuple[Verdict | None, tuple[str, ...]]:
         """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,
         an untraceable FP4 path predicts one) ends the cell. One that cannot run here predicts nothing. A
         pre-flight that passes with evidence (a `pass` verdict: "the FP4 path traces") adds it to what the
@@ -492,16 +517,24 @@ class _Runner:
             model_config=model_config_dir(self.plan.spec),
         )
         started = time.monotonic()
+        kept = run.replay.kept if run is not None and run.replay is not None else {}
+        outcomes = run.outcomes if run is not None else {}
         try:
             for name in engine.preflight:
                 check = self._hooks.preflights.get(name)
                 if check is None:
                     continue  # a generic pre-flight (the import check) runs as its own stage
-                try:
-                    result = check(preflight)
-                except PreflightUnavailable as exc:
-                    self._say_unavailable(name, cell, str(exc))
-                    continue
+                result: Verdict | None
+                if name in kept:  # its key is today's: its published outcome, without running it (reuse.py)
+                    result = kept[name].verdict or Verdict(kind="pass", evidence=kept[name].evidence)
+                else:
+                    try:
+                        result = check(preflight)
+                    except PreflightUnavailable as exc:
+                        self._say_unavailable(name, cell, str(exc))
+                        outcomes[name] = (None, (str(exc),), "unavailable")
+                        continue
+                outcomes[name] = (result, (), "")
                 if result is not None and result.kind == "pass":
                     passed += result.evidence
                 elif result is not None:
@@ -510,9 +543,17 @@ class _Runner:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
         return None, tuple(passed)
 
+    def _served_here(self, state: _EnvState) -> bool:
+        return gpu_ready(state.env) and state.built is not None and state.built.ok
+
     def _interpreter(self, state: _EnvState) -> Callable[[], Path | None] | None:
         """Where the import check runs (a host without the environment's GPUs), the environment's lock
-        installed for a pre-flight that runs the engine's own code, on its first call; None elsewhere."""
+        installed for a pre-flight that runs the engine's own code, on its first call; on a host that serves
+        the cell, the interpreter it is served with (not in a container); None elsewhere."""
+        if self._served_here(state):
+            assert state.built is not None
+            python = selfcheck.host_python(self.backend.python(state.built))
+            return (lambda: python) if python is not None else None
         resolved = state.resolved
         if gpu_ready(state.env) or not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
             return None
@@ -588,14 +629,16 @@ class _Runner:
         if cell.id in self._server.resumed_from:
             run_id, count = self._server.resumed_from[cell.id]
             evidence.append(f"{count} server start(s) resumed from run {run_id}, stopped before it decided the cell")
-        if prediction is not None:
-            # The GPU run checks the CPU prediction; the report tells predictions from observations.
-            confirmed = result.kind == "fail" and result.detail == prediction.detail
-            evidence.append(f"predicted {prediction.detail}: {'confirmed' if confirmed else 'contradicted'}")
+        predicted, outcomes = self._predicted.pop(cell.id, (None, None))
+        if predicted is not None:
+            # The GPU run checks its own CPU prediction (track record: report/history/track.py).
+            evidence.append(f"predicted {predicted} on this interpreter: {track.score(predicted, str(result))}")
         metrics = self._server.pooled_metrics(list(starts))
         self.store.finish(
             self.options.run_id,
             cell.id,
+            prediction=predicted,
+            preflight=outcomes,
             verdict=str(result),
             excerpt=result.excerpt,
             evidence=evidence,

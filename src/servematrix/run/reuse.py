@@ -1,28 +1,41 @@
-"""Reusing published CPU pre-flight verdicts: a verdict decided on a CPU is a function of its inputs, so a
-published row with the same inputs is that verdict, without installing or probing anything again.
+"""Reusing published CPU pre-flight results, stage by stage: each stage's result is a function of the inputs
+that stage reads, so a published row whose stage keys equal today's is that stage's result, without
+installing or probing anything again; a stage whose key changed runs again alone, for the cells it touches.
 
-The inputs of a cell's CPU pre-flight (resolve, flags, import, trace probe), hashed into `preflight_hash`:
+Each stage of a cell's CPU pre-flight has its own key (`stage_keys`), in the order the stages run:
 
-- the cell (its id hashes the versions, the GPU kind with its platform, the Python, the mode and the argv)
-  and which CPU stages ran (a run without the import check decides less);
-- the resolution request and the bytes of the lock file it was resolved to (none for an unresolvable one);
-- the bytes of the engine data file and of its failure signatures, and of the model's config files (`[model]
-  config_dir`, which the load pre-flight reads);
-- the checks' own code: the import check, the failure classifier, the harness-fault data, and every file of
-  the engine's hooks module (sglang's flag reader, trace probe, probe script and probe data).
+- `resolve`: the resolution request and the bytes of the lock it was resolved to (a current lock is the
+  stage's result); where there is none, the resolve stage's own code too (uv runs then);
+- `import`: the lock's locked set (its body), the cell's Python, the engine's `import_check` data and the import
+  check's module (`stages/importcheck.py`);
+- each hook pre-flight the engine data lists (sglang's flags, load, trace, and any it adds): the cell (its id
+  hashes the versions, the GPU kind with its platform and arch, the Python, the mode and the argv), the lock's
+  body, the code and data that hook runs and the engine data fields it reads (`run/stagecode.py`), the model's
+  config files where it reads them, and whether it runs in the installed lock.
 
-Every run stores the hash with its rows, and publishing carries it into `docs/results/latest.json`. A row
-is reused only when it was decided on a CPU (nothing served, no figures, a host without the cell's GPUs),
-by a verdict that is a fact about its inputs (`unresolvable`, `predicted-fail:*`, `skipped:no-gpu`, a
+The classifier and the signatures are in no key: a pre-flight failure's class is named again from its stored
+excerpt at reuse and at publish (`stages/naming.py`). Report, rank, history and bench code is in no key either.
+
+A row stores its stages' keys and outcomes (`preflight`: stage -> key, outcome, the verdict it ended the cell
+with, the evidence it added) and `preflight_hash`, one digest of the keys (the history's `checks`); publishing
+carries both into `docs/results/latest.json`. A published row is replayed stage by stage in today's order: a
+stage whose key is unchanged gives its stored outcome, and the first verdict ends the cell as the run would
+have (first verdict wins); the first stage whose key changed, or that has none, runs again, and so does every
+later stage without a stored outcome of the same key. A row stored before per-stage keys (`preflight_hash`
+alone) is replayed by nothing: its cell runs again.
+
+A row is replayed only when it was decided on a CPU (nothing served, no figures, a host without the cell's
+GPUs), by a verdict that is a fact about its inputs (`unresolvable`, `predicted-fail:*`, `skipped:no-gpu`, a
 `fail:` of a pre-flight), and only on a host that lacks the cell's GPUs too: there the GPU stages decide.
-An `error:` is never reused. `--fresh` reuses nothing.
+A stage that could not run (unavailable) or erred is never replayed. `--fresh` reuses nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import importlib.util
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -31,38 +44,39 @@ from typing import Any
 
 from servematrix.config.spec import model_config_dir
 from servematrix.engines import Engine, _engine_folders
+from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.formats.lockfile import read_lock_header
 from servematrix.formats.verdict import Verdict
 from servematrix.planning.cells import Cell, Environment
 from servematrix.planning.plan import Plan
-from servematrix.stages import CPU_STAGES
+from servematrix.run.stagecode import StageCode, stage_code
+from servematrix.stages import importcheck, locking, naming, resolve, uvfailure
 from servematrix.stages.locking import resolve_request
 from servematrix.stages.resolve import inputs_hash as request_hash
 from servematrix.store.store import Row
 
-# Bumping it invalidates every published hash (what the hash covers changed).
-SCHEMA = 1
+# Bumping it invalidates every stored stage key (what a key covers changed).
+SCHEMA = 2
 PUBLISHED = Path("docs") / "results" / "latest.json"  # the published record, from the repository's root
 REUSED_PREFIX = "reused: published "
+# What a stage's outcome may be: `resolved` and `passed` (with evidence, or none) let the next stage run,
+# `verdict` ended the cell; `unavailable` and `error` are never replayed.
+REPLAYED = ("resolved", "passed", "verdict")
 
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _key(data: Mapping[str, Any]) -> str:
+    return _digest(json.dumps({"schema": SCHEMA, **data}, sort_keys=True, separators=(",", ":")).encode())[:24]
+
+
 def files_digest(paths: Iterable[Path]) -> str:
     """One digest of some files' names and bytes (order-independent)."""
     entries = sorted((p.name, _digest(p.read_bytes())) for p in paths)
     return _digest(json.dumps(entries).encode())
-
-
-def _packaged(*parts: str) -> Path | None:
-    candidate = resources.files("servematrix").joinpath(*parts)
-    if not candidate.is_file():
-        return None
-    with resources.as_file(candidate) as path:
-        return Path(path)
 
 
 def engine_data_path(engine: Engine) -> Path:
@@ -75,59 +89,99 @@ def engine_data_path(engine: Engine) -> Path:
     raise InputError(f"engine {engine.name}: its data file is not found")
 
 
-def check_sources(engine: Engine) -> tuple[Path, ...]:
-    """The code and data the engine's CPU pre-flights run: a change to any byte of these is a new check."""
-    from servematrix import classify
-    from servematrix.classify import tracebacks
-    from servematrix.stages import importcheck
-
-    paths = [Path(importcheck.__file__), Path(tracebacks.__file__)]
-    paths += sorted(Path(classify.__file__).parent.glob("*.py"))  # the classify package, every module
-    paths += [p for p in (_packaged("data", "harness_faults.toml"),) if p is not None]
-    if engine.hooks:
-        # Where the hooks module lies, found without importing it (the store and reuse import no plugin).
-        spec = importlib.util.find_spec(engine.hooks)
-        origin = Path(spec.origin if spec is not None and spec.origin else "")
-        if origin.name == "__init__.py":  # a package: every module and data file of it
-            paths += sorted(p for p in origin.parent.iterdir() if p.is_file() and p.suffix in (".py", ".toml"))
-        else:
-            paths.append(origin)
-    return tuple(paths)
+def stage_order(engine: Engine, stages: Sequence[str]) -> tuple[str, ...]:
+    """The pre-flight stages a run of `stages` goes through on a host without the cell's GPUs, in order:
+    resolve, the import check, then the engine's hook pre-flights in its data's order (first verdict wins)."""
+    order = ["resolve"] if "resolve" in stages else []
+    if "resolve" in stages and "import" in stages and "import" in engine.preflight:
+        order.append("import")
+    if "probe" in stages:
+        hooks = hooks_of(engine).preflights
+        order += [name for name in engine.preflight if name in hooks]
+    return tuple(order)
 
 
-def engine_digest(engine: Engine) -> dict[str, str]:
-    signatures = _packaged("data", "signatures", f"{engine.name}.toml")
-    return {
-        "engine_data": _digest(engine_data_path(engine).read_bytes()),
-        "signatures": _digest(signatures.read_bytes()) if signatures else "",
-        "checks": files_digest(check_sources(engine)),
-    }
+@functools.cache
+def _resolve_code() -> str:
+    return files_digest(Path(m.__file__ or "") for m in (resolve, locking, uvfailure))
 
 
-def preflight_inputs(
-    plan: Plan, cell: Cell, stages: Sequence[str], lock_dir: Path, engine: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """What a CPU pre-flight verdict of `cell` is a function of (see the module doc), as canonical data;
-    `engine` is `engine_digest` of the plan's engine, when the caller has it already."""
-    request = resolve_request(plan, cell.env_id)
-    wanted = request_hash(request)
+@functools.cache
+def _import_code() -> str:
+    return _digest(Path(importcheck.__file__ or "").read_bytes())
+
+
+def hook_code(engine: Engine) -> dict[str, StageCode]:
+    """What each hook pre-flight of the engine runs (`run/stagecode.py`), by name."""
+    hooks = hooks_of(engine).preflights
+    return {name: stage_code(engine, hooks[name]) for name in engine.preflight if name in hooks}
+
+
+def _lock_body(lockfile: Path) -> bytes:
+    return b"".join(line for line in lockfile.read_bytes().splitlines(keepends=True) if not line.startswith(b"#"))
+
+
+def current_lock(plan: Plan, cell: Cell, lock_dir: Path) -> Path | None:
+    """The cell's lock when it answers today's request (a stale one is resolved again), else None."""
     lockfile = lock_dir / f"{cell.env_id}.lock.txt"
     header = read_lock_header(lockfile) if lockfile.is_file() else None
-    # A lock whose header does not match the request is stale: resolve would make a new one.
-    lock = _digest(lockfile.read_bytes()) if header is not None and header.inputs_hash == wanted else None
+    wanted = request_hash(resolve_request(plan, cell.env_id))
+    return lockfile if header is not None and header.inputs_hash == wanted else None
+
+
+def stage_keys(
+    plan: Plan,
+    cell: Cell,
+    stages: Sequence[str],
+    lock_dir: Path,
+    code: Mapping[str, StageCode] | None = None,
+) -> dict[str, str]:
+    """Each pre-flight stage's key for `cell` (see the module doc), in the order the stages run."""
+    engine = plan.spec.engine
+    code = hook_code(engine) if code is None else code
     env = cell.env
-    return {
-        "schema": SCHEMA,
-        "cell": cell.id,
-        "stages": [s for s in CPU_STAGES if s in stages],
-        "request": wanted,
-        "lock": lock,
-        "platform": env.gpu.platform,
-        "arch": env.gpu.arch,
-        "python": env.python,
-        "model_config": _model_config_digest(plan),
-        **(engine if engine is not None else engine_digest(plan.spec.engine)),
-    }
+    request = request_hash(resolve_request(plan, cell.env_id))
+    lockfile = current_lock(plan, cell, lock_dir)
+    lock = _digest(lockfile.read_bytes()) if lockfile is not None else None
+    body = _digest(_lock_body(lockfile)) if lockfile is not None else None
+    installed = "import" in stages and "resolve" in stages and "import" in engine.preflight
+    keys: dict[str, str] = {}
+    for stage in stage_order(engine, stages):
+        if stage == "resolve":
+            keys[stage] = _key(
+                {"stage": stage, "request": request, "lock": lock, "code": None if lock else _resolve_code()}
+            )
+        elif stage == "import":
+            check = engine.import_check.model_dump(exclude={"cost", "cost_gb", "cost_minutes"})
+            keys[stage] = _key(
+                {"stage": stage, "lock": body, "python": env.python, "check": check, "code": _import_code()}
+            )
+        else:
+            hook = code[stage]
+            data = engine.model_dump(include=set(hook.engine_fields), mode="json")
+            keys[stage] = _key(
+                {
+                    "stage": stage,
+                    "cell": cell.id,
+                    "lock": body,
+                    "code": hook.digest(),
+                    "engine": data,
+                    "model_config": _model_config_digest(plan) if hook.model_config else None,
+                    "installed": installed if hook.environment else None,
+                }
+            )
+    return keys
+
+
+def keys_hash(keys: Mapping[str, str]) -> str:
+    """One digest of a cell's stage keys (`preflight_hash`: the history's `checks`)."""
+    return _digest(json.dumps(list(keys.items())).encode())
+
+
+def preflight_hash(
+    plan: Plan, cell: Cell, stages: Sequence[str], lock_dir: Path, code: Mapping[str, StageCode] | None = None
+) -> str:
+    return keys_hash(stage_keys(plan, cell, stages, lock_dir, code))
 
 
 def _model_config_digest(plan: Plan) -> str | None:
@@ -137,13 +191,6 @@ def _model_config_digest(plan: Plan) -> str | None:
     if folder is None or not folder.is_dir():
         return None
     return files_digest(p for p in folder.iterdir() if p.is_file() and p.suffix == ".json")
-
-
-def preflight_hash(
-    plan: Plan, cell: Cell, stages: Sequence[str], lock_dir: Path, engine: Mapping[str, str] | None = None
-) -> str:
-    blob = json.dumps(preflight_inputs(plan, cell, stages, lock_dir, engine), sort_keys=True, separators=(",", ":"))
-    return _digest(blob.encode())
 
 
 def _lacks_gpus(env: Environment, host: Mapping[str, Any] | None) -> bool:
@@ -162,7 +209,7 @@ def decided_on_a_cpu(row: Row | Mapping[str, Any], env: Environment) -> bool:
     stages = row.get("stages") or {}
     if row.get("metrics") is not None or any(s in stages for s in ("build", "serve", "bench")):
         return False
-    if not (kind in ("unresolvable", "predicted-fail", "fail") or text == "skipped:no-gpu"):
+    if not (kind in ("unresolvable", "predicted-fail", "fail") or text in ("skipped:no-gpu", "skipped:not-applicable")):
         return False
     return _lacks_gpus(env, row.get("host"))
 
@@ -188,18 +235,95 @@ def provenance(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: row.get(k) for k in ("lock_hash", "lock_file", "crossed_pins")}
 
 
-@dataclass(frozen=True, kw_only=True)
-class Reused:
-    """A published row reused for a cell: its verdict, with a note saying so first in its evidence."""
+def outcome(key: str, result: Verdict | None, evidence: Sequence[str] = (), *, state: str = "") -> dict[str, Any]:
+    """One stage's stored outcome: its key, what it found (`REPLAYED`, `unavailable`, `error`), the verdict it
+    ended the cell with and the evidence it added."""
+    found: dict[str, Any] = {"key": key}
+    if state:
+        found["outcome"] = state
+    elif result is None or result.kind == "pass":
+        found["outcome"] = "passed"
+    else:
+        found["outcome"] = "verdict"
+        found["verdict"] = str(result)
+    shown = [*(result.evidence if result is not None else ()), *evidence]
+    if shown:
+        found["evidence"] = list(dict.fromkeys(shown))
+    return found
 
-    verdict: Verdict
+
+@dataclass(frozen=True, kw_only=True)
+class Kept:
+    """A stage's stored outcome whose key is today's: what the stage gives without running."""
+
+    verdict: Verdict | None  # the verdict it ended the cell with; None: it let the next stage run
+    evidence: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replay:
+    """A published row replayed against today's stage keys: the stages it answers, the first that runs again
+    (None: the row decides the cell), and the verdict when it does."""
+
     row: Mapping[str, Any]
-    note: str
+    kept: Mapping[str, Kept]
+    changed: str | None  # the first stage that runs again
+    verdict: Verdict | None = None
+    note: str = ""
+
+
+# Kept for the runner: a published row that decides its cell (every stage replayed).
+Reused = Replay
+
+
+def _kept(stored: Mapping[str, Any], row: Mapping[str, Any]) -> Kept:
+    evidence = tuple(str(e) for e in stored.get("evidence") or [])
+    if stored.get("outcome") != "verdict":
+        return Kept(verdict=None, evidence=evidence)
+    named = naming.named_now({**row, "verdict": stored.get("verdict")})
+    found = Verdict.parse(named, excerpt=str(row.get("excerpt") or ""))
+    return Kept(
+        verdict=Verdict(kind=found.kind, detail=found.detail, excerpt=found.excerpt, evidence=evidence),
+        evidence=evidence,
+    )
+
+
+def replay(row: Mapping[str, Any], keys: Mapping[str, str], cell: Cell) -> Replay:
+    """`row` against today's `keys` (see the module doc)."""
+    stored = row.get("preflight") or {}
+    kept: dict[str, Kept] = {}
+    changed: str | None = None
+    for stage, key in keys.items():
+        found = stored.get(stage)
+        if not isinstance(found, Mapping) or found.get("key") != key or found.get("outcome") not in REPLAYED:
+            changed = changed or stage
+            continue
+        kept[stage] = _kept(found, row)
+        if changed is None and kept[stage].verdict is not None:
+            return _decided(row, kept, kept[stage].verdict)
+    if changed is not None:
+        return Replay(row=row, kept=kept, changed=changed)
+    kind = cell.env.gpu
+    passed = [e for stage, k in kept.items() if stage not in ("resolve", "import") for e in k.evidence]
+    notes = [*passed, *(kept["import"].evidence if "import" in kept else ())]
+    skipped = Verdict(
+        kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=tuple(notes)
+    )
+    return _decided(row, kept, skipped)
+
+
+def _decided(row: Mapping[str, Any], kept: Mapping[str, Kept], verdict: Verdict | None) -> Replay:
+    assert verdict is not None
+    note = reused_note(row)
+    evidence = (note, *(e for e in verdict.evidence if not str(e).startswith(REUSED_PREFIX)))
+    decided = Verdict(kind=verdict.kind, detail=verdict.detail, excerpt=verdict.excerpt, evidence=evidence)
+    return Replay(row=row, kept=kept, changed=None, verdict=decided, note=note)
 
 
 @dataclass(kw_only=True)
 class Reuse:
-    """The published record of a run, and which of the run's cells it decides (see the module doc)."""
+    """The published record of a run, and which of the run's cells, or stages of them, it decides (see the
+    module doc)."""
 
     plan: Plan
     stages: Sequence[str]
@@ -207,12 +331,15 @@ class Reuse:
     record: Path | None = PUBLISHED  # None: no record, nothing reused
     fresh: bool = False
     _rows: dict[str, Mapping[str, Any]] | None = field(default=None, repr=False)
-    _engine: dict[str, str] | None = field(default=None, repr=False)
+    _code: dict[str, StageCode] | None = field(default=None, repr=False)
+
+    def keys_for(self, cell: Cell) -> dict[str, str]:
+        if self._code is None:  # read once a run: the engine's files do not change under it
+            self._code = hook_code(self.plan.spec.engine)
+        return stage_keys(self.plan, cell, self.stages, self.lock_dir, self._code)
 
     def hash_for(self, cell: Cell) -> str:
-        if self._engine is None:  # read once a run: the engine's files do not change under it
-            self._engine = engine_digest(self.plan.spec.engine)
-        return preflight_hash(self.plan, cell, self.stages, self.lock_dir, self._engine)
+        return keys_hash(self.keys_for(cell))
 
     def _published(self) -> dict[str, Mapping[str, Any]]:
         if self._rows is None:
@@ -222,23 +349,19 @@ class Reuse:
             self._rows = dict((record or {}).get("cells") or {})
         return self._rows
 
-    def lookup(self, cell: Cell, *, this_host_lacks_gpus: bool) -> Reused | None:
-        """The published verdict of `cell` when its inputs are unchanged and it may be reused here."""
+    def replay(self, cell: Cell, *, this_host_lacks_gpus: bool) -> Replay | None:
+        """The published row of `cell` replayed against today's keys, when it may be reused here at all."""
         if self.fresh or not cell.applicable or not this_host_lacks_gpus:
             return None
         row = self._published().get(cell.id)
-        if row is None or not row.get("preflight_hash") or not decided_on_a_cpu(row, cell.env):
+        if row is None or not row.get("preflight") or not decided_on_a_cpu(row, cell.env):
             return None
-        if row["preflight_hash"] != self.hash_for(cell):
-            return None
-        note = reused_note(row)
-        evidence = (note, *(e for e in row.get("evidence") or [] if not str(e).startswith(REUSED_PREFIX)))
-        found = Verdict.parse(str(row["verdict"]), excerpt=str(row.get("excerpt") or ""))
-        return Reused(
-            verdict=Verdict(kind=found.kind, detail=found.detail, excerpt=found.excerpt, evidence=evidence),
-            row=row,
-            note=note,
-        )
+        return replay(row, self.keys_for(cell), cell)
+
+    def lookup(self, cell: Cell, *, this_host_lacks_gpus: bool) -> Replay | None:
+        """The published verdict of `cell` when every stage that decides it is unchanged and it may be reused here."""
+        found = self.replay(cell, this_host_lacks_gpus=this_host_lacks_gpus)
+        return found if found is not None and found.verdict is not None else None
 
     def split(self, cells: Sequence[Cell], lacks_gpus: Callable[[Environment], bool]) -> tuple[list[Cell], list[Cell]]:
         """The applicable cells the record decides here, and those this run checks."""
@@ -247,6 +370,23 @@ class Reuse:
         for cell in (c for c in cells if c.applicable):
             (reused if self.lookup(cell, this_host_lacks_gpus=lacks_gpus(cell.env)) else to_check).append(cell)
         return reused, to_check
+
+    def changed_line(self, cells: Sequence[Cell], lacks_gpus: Callable[[Environment], bool]) -> str | None:
+        """Which stages run again, said up front: "load pre-flight changed: 47 cells re-run; 133 reused"."""
+        changed: Counter[str] = Counter()
+        reused = 0
+        for cell in (c for c in cells if c.applicable):
+            found = self.replay(cell, this_host_lacks_gpus=lacks_gpus(cell.env))
+            if found is None:
+                continue
+            if found.changed is None:
+                reused += 1
+            else:
+                changed[found.changed] += 1
+        if not changed:
+            return None
+        parts = [f"{stage} pre-flight changed: {n} cell(s) re-run" for stage, n in changed.most_common()]
+        return "; ".join([*parts, f"{reused} reused"]) + " (each re-run cell runs its changed stages alone)"
 
     def plan_line(self, reused: Sequence[Cell], to_check: Sequence[Cell]) -> str:
         """The up-front plan's count: how many cells the record decides, how many this run checks."""

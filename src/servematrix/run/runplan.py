@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +20,8 @@ from servematrix.run import hostinfo, reuse
 from servematrix.run.models import check_model_path
 from servematrix.run.progress import Step, Work, announce, free_disk_gb
 from servematrix.stages import CPU_STAGES, STAGES, importcheck
-from servematrix.stages.locking import default_lock_dir
+from servematrix.stages.locking import default_lock_dir, resolve_request
+from servematrix.stages.resolve import resolve_cached
 from servematrix.store.redact import (
     MissingSecretError,
     fill_secrets,
@@ -196,7 +197,8 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
     if probed and hooks.preamble is not None:
         notes = hooks.preamble(probed, engine, options.workdir / "cache")
     if options.published is not None:
-        notes = [known.plan_line(reused, to_check), *notes]
+        changed = known.changed_line(plan.cells, lambda env: not gpu_ready(env))
+        notes = [*([changed] if changed else []), known.plan_line(reused, to_check), *notes]
     return Work(
         matrix=str(plan.spec.path),
         cells=len(plan.cells),
@@ -213,6 +215,34 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
         notes=tuple(notes),
         free_disk_gb=free_disk_gb(options.workdir),
     )
+
+
+def check_imports_ahead(
+    plan: Plan, options: RunOptions, todo: Mapping[str, Sequence[Cell]], known: reuse.Reuse, say: Callable[[str], None]
+) -> None:
+    """The import checks a run will need, each distinct current lock once and as many at once as the host has
+    room for (importcheck.check_all); each environment then reads its result from the check's cache. An
+    environment whose published check is replayed (reuse.py) or whose cells are all reused needs none."""
+    engine = plan.spec.engine
+    if not ("import" in options.stages and "import" in engine.preflight):
+        return
+    lock_dir = options.lock_dir or default_lock_dir(plan)
+    by_python: dict[str, list[Path]] = {}
+    for env_id, cells in todo.items():
+        env = cells[0].env
+        replays = [known.replay(c, this_host_lacks_gpus=True) for c in cells if c.applicable]
+        if gpu_ready(env) or all(r is not None and (r.verdict or "import" in r.kept) for r in replays):
+            continue
+        current = resolve_cached(resolve_request(plan, env_id), out_dir=lock_dir)
+        if current is not None and current.lockfile is not None:
+            by_python.setdefault(env.python, []).append(current.lockfile)
+    cache = options.workdir / "cache"
+    for python, locks in by_python.items():
+        distinct = importcheck.distinct_locks([p.name.removesuffix(".lock.txt") for p in locks], lock_dir)
+        jobs = min(distinct, importcheck.room(cache))
+        if jobs > 1:
+            say(f"import checks: {distinct} distinct lock(s) of {len(locks)} environment(s), {jobs} at once")
+            importcheck.check_all(locks, engine, python_version=python, cache_dir=cache, jobs=jobs)
 
 
 def reuse_for(plan: Plan, options: RunOptions) -> reuse.Reuse:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from servematrix.engines import ENGINES_PATH_ENV, load_engine
+from servematrix.engines import ENGINES_PATH_ENV
 from servematrix.formats.lockfile import render_header
 from servematrix.planning.plan import make_plan
 from servematrix.report.publish import merge_published, store_rows
@@ -140,31 +140,85 @@ def test_fresh_after_a_run_that_reused_decides_every_cell(toy, tmp_path):
     assert again.skipped_unchanged == len(plan.cells)  # what --fresh decided is a finished run
 
 
-def test_one_byte_of_the_engine_data_or_of_its_hooks_code_decides_every_cell_again(toy, tmp_path, monkeypatch):
+def _own_hooks(engines: Path, tmp_path: Path, monkeypatch, *, extra: str = "") -> Path:
+    """The toy engine's hooks as a module of the test's own (`toy_hooks_<n>`), so its bytes can change."""
+    import sys
+
+    source = Path(__import__("tests.fakes.toy_engine", fromlist=["x"]).__file__).read_text()
+    name = f"toy_hooks_{abs(hash(str(tmp_path))) % 10**8}"
+    module = tmp_path / "hooks" / f"{name}.py"
+    module.parent.mkdir(exist_ok=True)
+    module.write_text(source + extra)
+    monkeypatch.syspath_prepend(str(module.parent))
+    sys.modules.pop(name, None)
+    data = engines / "toyserve.toml"
+    data.write_text(data.read_text().replace('hooks = "tests.fakes.toy_engine"', f'hooks = "{name}"'))
+    return module
+
+
+def _replanned(plan):
+    """The plan made again from engine data a test changed (engine data is read once per file and process)."""
+    from servematrix import engines as engine_data
+
+    engine_data._load.cache_clear()
+    return make_plan(plan.spec.path)
+
+
+def _changed_line(lines) -> str | None:
+    return next((line for line in lines if "pre-flight changed" in line), None)
+
+
+def test_a_change_to_one_stage_reruns_that_stage_alone(toy, tmp_path, monkeypatch):
+    """Issue 48: each stage keyed by what it reads. A byte of the engine data no pre-flight reads, or of hooks
+    code no pre-flight runs, leaves every verdict reused; a byte of the pre-flight's own function re-runs that
+    stage alone (resolve's stored outcome replayed), and says so up front; the verdicts are today's."""
     plan, locks, engines = toy
+    module = _own_hooks(engines, tmp_path, monkeypatch, extra="\n\ndef unused():\n    return 1\n")
+    plan = _replanned(plan)
     record = tmp_path / "latest.json"
-    _, rows, _ = _run(plan, tmp_path, "first", locks, record)
+    first, rows, _ = _run(plan, tmp_path, "first", locks, record)
+    assert all(set(row["preflight"]) == {"resolve", "context-limit"} for row in rows.values())
     _publish(rows, record)
 
-    # A comment byte: the parsed engine is the same, its data file is not.
     data = engines / "toyserve.toml"
-    data.write_bytes(data.read_bytes() + b"#")
-    changed = make_plan(plan.spec.path)
-    _, rows2, _ = _run(changed, tmp_path, "engine", locks, record)
-    assert not _reused(rows2)
+    data.write_text(data.read_text().replace("a test-defined engine", "a test-defined toy") + "\n# a comment\n")
+    module.write_text(module.read_text().replace("return 1", "return 2"))  # code no pre-flight runs
+    _, rows2, lines = _run(_replanned(plan), tmp_path, "unrelated", locks, record)
+    assert _reused(rows2) == set(rows) and _changed_line(lines) is None
 
-    data.write_bytes(data.read_bytes()[:-1])
-    _, rows3, _ = _run(make_plan(plan.spec.path), tmp_path, "restored", locks, record)
-    assert _reused(rows3) == set(rows)
+    # The pre-flight's own function: a comment inside it is a new check.
+    module.write_text(module.read_text().replace("    argv = list(", "    # checked again\n    argv = list("))
+    changed = _replanned(plan)
+    again, rows3, lines = _run(changed, tmp_path, "hook", locks, record)
+    assert _changed_line(lines) == (
+        "context-limit pre-flight changed: 4 cell(s) re-run; 0 reused (each re-run cell runs its changed stages alone)"
+    )
+    assert not _reused(rows3) and again.verdicts == first.verdicts
+    for cell_id, row in rows3.items():
+        assert row["preflight"]["resolve"] == rows[cell_id]["preflight"]["resolve"]
+        assert row["preflight"]["context-limit"]["key"] != rows[cell_id]["preflight"]["context-limit"]["key"]
 
-    # The hooks module's own bytes are part of the check (a copy of it, so the real one stays as it is).
-    hooks = Path(__import__("tests.fakes.toy_engine", fromlist=["x"]).__file__)
-    assert hooks in reuse.check_sources(load_engine("toyserve"))
-    copy = tmp_path / "toy_engine.py"
-    copy.write_bytes(hooks.read_bytes())
-    before = reuse.files_digest([copy])
-    copy.write_bytes(hooks.read_bytes() + b"\n")
-    assert reuse.files_digest([copy]) != before
+
+def test_a_new_preflight_runs_alone_after_an_unchanged_one_that_decided(toy, tmp_path, monkeypatch):
+    """A pre-flight added to the engine's list (sglang's `config`, say) runs for the cells it can still decide;
+    a cell an earlier, unchanged pre-flight ended keeps its verdict (first verdict wins)."""
+    plan, locks, engines = toy
+    extra = "\n\ndef always_fine(inp):\n    return None\n\n\nPREFLIGHTS = {**PREFLIGHTS, 'fine': always_fine}\n"
+    _own_hooks(engines, tmp_path, monkeypatch, extra=extra)
+    plan = _replanned(plan)
+    record = tmp_path / "latest.json"
+    first, rows, _ = _run(plan, tmp_path, "first", locks, record)
+    _publish(rows, record)
+    data = engines / "toyserve.toml"
+    data.write_text(data.read_text().replace('preflight = ["context-limit"]', 'preflight = ["context-limit", "fine"]'))
+    second, rows2, lines = _run(_replanned(plan), tmp_path, "added", locks, record)
+    assert _changed_line(lines) == (
+        "fine pre-flight changed: 3 cell(s) re-run; 1 reused (each re-run cell runs its changed stages alone)"
+    )
+    assert second.verdicts == first.verdicts
+    failed = {c for c, v in first.verdicts.items() if v.startswith("fail:")}
+    assert _reused(rows2) == failed
+    assert all("fine" in row["preflight"] for c, row in rows2.items() if c not in failed)
 
 
 def test_a_gpu_observed_row_or_one_from_a_gpu_host_is_never_reused(toy, tmp_path):
@@ -182,52 +236,117 @@ def test_a_gpu_observed_row_or_one_from_a_gpu_host_is_never_reused(toy, tmp_path
     cells[short_new].update(verdict="pass", stages={"serve": 3.0, "bench": 5.0}, metrics={"levels": []})
     cells[long_new]["host"] = {**cells[long_new]["host"], "gpus": [{"arch": "sm_100", "name": "NVIDIA B200"}]}
     cells[short_old]["verdict"] = "error:resolve"
-    cells[error_cell]["preflight_hash"] = None  # a row published before hashes
+    cells[error_cell]["preflight"] = None  # a row published before per-stage keys (preflight_hash alone)
     write_export(export, record)
     _, rows2, lines = _run(plan, tmp_path, "second", locks, record)
     assert not _reused(rows2)
     assert any(line.startswith("0 reused") for line in lines)
 
 
-def test_the_product_matrix_is_hashed_from_its_committed_lock_engine_data_and_probe_script(tmp_path, monkeypatch):
+def test_the_product_matrix_stage_keys_follow_each_stage_s_own_code_and_data(tmp_path, monkeypatch):
     monkeypatch.delenv(ENGINES_PATH_ENV, raising=False)
     plan = make_plan(ROOT / "matrix" / "glm5-nvfp4.toml")
     cell = next(
         c for c in plan.cells if c.applicable and (ROOT / "matrix" / "locks" / f"{c.env_id}.lock.txt").is_file()
     )
     stages = ("resolve", "import", "probe")
-    inputs = reuse.preflight_inputs(plan, cell, stages, ROOT / "matrix" / "locks")
-    assert inputs["lock"] and inputs["platform"] == cell.env.gpu.platform
-    base = reuse.preflight_hash(plan, cell, stages, ROOT / "matrix" / "locks")
+    base = reuse.stage_keys(plan, cell, stages, ROOT / "matrix" / "locks")
+    assert list(base)[:2] == ["resolve", "import"] and {"flags", "load", "trace"} <= set(base)
 
     locks = tmp_path / "locks"
     shutil.copytree(ROOT / "matrix" / "locks", locks)
-    assert reuse.preflight_hash(plan, cell, stages, locks) == base
+    assert reuse.stage_keys(plan, cell, stages, locks) == base
     lock = locks / f"{cell.env_id}.lock.txt"
     text = lock.read_bytes()
     at = text.rindex(b"sha256:") + 7
     lock.write_bytes(text[:at] + (b"0" if text[at : at + 1] != b"0" else b"1") + text[at + 1 :])
-    assert reuse.preflight_hash(plan, cell, stages, locks) != base
-    assert reuse.preflight_hash(plan, cell, ("resolve", "probe"), ROOT / "matrix" / "locks") != base
+    assert all(a != b for a, b in zip(reuse.stage_keys(plan, cell, stages, locks).values(), base.values(), strict=True))
+    assert "import" not in reuse.stage_keys(plan, cell, ("resolve", "probe"), ROOT / "matrix" / "locks")
 
-    sources = reuse.check_sources(plan.spec.engine)
-    probe_script = next(p for p in sources if p.name == "probe_script.py")
-    assert {"traceprobe.py", "flagsurface.py", "probe.toml", "importcheck.py"} <= {p.name for p in sources}
-    copies = []
-    for index, source in enumerate(sources):  # one folder each: two packages each have an __init__.py
-        copies.append(tmp_path / "src" / str(index) / source.name)
-        copies[-1].parent.mkdir(parents=True)
-        copies[-1].write_bytes(source.read_bytes())
-    same = reuse.files_digest(copies)
-    assert same == reuse.files_digest(sources)
-    copy = copies[sources.index(probe_script)]
-    copy.write_bytes(copy.read_bytes().replace(b"import", b"import ", 1))
-    assert reuse.files_digest(copies) != same
+    # Each hook's own code: the probe script is the trace pre-flight's, the load script the load pre-flight's;
+    # the classifier is nobody's.
+    code = reuse.hook_code(plan.spec.engine)
+    assert "probe_script.py" in code["trace"].sources and "probe_script.py" not in code["flags"].sources
+    assert "load_script.py" in code["load"].sources and "load_script.py" not in code["trace"].sources
+    assert not any("classify" in label for hook in code.values() for label in hook.sources)
+    assert "trace_modes" in code["trace"].engine_fields and "trace_modes" not in code["flags"].engine_fields
+    assert code["load"].model_config and not code["trace"].model_config
 
+    # A byte of the engine data that no pre-flight reads (a trailing newline): every key as it was.
     engines = tmp_path / "engines"
     engines.mkdir()
     data = reuse.engine_data_path(plan.spec.engine)
     (engines / "sglang.toml").write_bytes(data.read_bytes() + b"\n")
     monkeypatch.setenv(ENGINES_PATH_ENV, str(engines))
     changed = make_plan(ROOT / "matrix" / "glm5-nvfp4.toml")
-    assert reuse.preflight_hash(changed, cell, stages, ROOT / "matrix" / "locks") != base
+    assert reuse.stage_keys(changed, cell, stages, ROOT / "matrix" / "locks") == base
+
+
+def test_record_check_a_reused_verdict_is_what_today_s_code_gives_on_the_published_evidence():
+    """The published record: every pre-flight failure's class is what today's signatures name from its
+    published excerpt (stages/naming.py), and every row with stage outcomes replays to its own verdict."""
+    from servematrix.planning.plan import make_plan as plan_of
+    from servematrix.stages import naming
+
+    record = load_export(ROOT / "docs" / "results" / "latest.json")
+    assert record is not None
+    named = 0
+    plans: dict[str, object] = {}
+    for cell_id, row in record["cells"].items():
+        assert naming.named_now(row) == row["verdict"], (cell_id, row["verdict"])
+        named += naming.deciding_stage(row) == naming.IMPORT
+        if not row.get("preflight") or not str(row["matrix"]).startswith("matrix/"):
+            continue
+        plan = plans.setdefault(row["matrix"], plan_of(ROOT / row["matrix"]))
+        cell = next((c for c in plan.cells if c.id == cell_id), None)  # type: ignore[attr-defined]
+        if cell is None or not reuse.decided_on_a_cpu(row, cell.env):
+            continue
+        keys = {stage: found["key"] for stage, found in row["preflight"].items()}
+        found = reuse.replay(row, keys, cell)
+        assert found.verdict is not None and str(found.verdict) == row["verdict"], cell_id
+    assert named >= 18  # the import check's dependency conflicts, named again from their excerpts
+
+
+def test_a_gpu_run_pre_flights_itself_and_the_track_record_scores_a_planted_contradiction(toy, tmp_path, monkeypatch):
+    """Issue 47: a cell served on (stand-in) GPUs first runs its CPU pre-flights there and stores that
+    prediction beside what it observed; the track record scores each pair, per engine and per pre-flight."""
+    from servematrix.formats.verdict import Verdict
+    from servematrix.report.history import track
+    from servematrix.run import hostinfo
+
+    plan, locks, engines = toy
+    planted = (
+        "\n\ndef planted(inp):\n    if inp.cell.mode == 'short' and inp.cell.env.version == '2.1':\n"
+        "        return Verdict(kind='predicted-fail', detail='planted')\n    return None\n\n\n"
+        "PREFLIGHTS = {**PREFLIGHTS, 'planted': planted}\n"
+    )
+    _own_hooks(engines, tmp_path, monkeypatch, extra=planted)
+    data = engines / "toyserve.toml"
+    data.write_text(
+        data.read_text().replace('preflight = ["context-limit"]', 'preflight = ["context-limit", "planted"]')
+    )
+    plan = _replanned(plan)
+    monkeypatch.setenv(hostinfo.STANDIN_GPUS_ENV, "1")
+    hostinfo.host.cache_clear()
+    try:
+        store = tmp_path / "gpu.sqlite"
+        options = RunOptions(
+            stages=("resolve", "build", "probe", "serve"), store=store, workdir=tmp_path / "work", lock_dir=locks
+        )
+        summary = run_plan(plan, FakeBackend(tmp_path), options, console=Console(file=io.StringIO()))
+    finally:
+        hostinfo.host.cache_clear()
+    rows = {r["cell_id"]: r for r in store_rows(store)}
+    served = {c: r for c, r in rows.items() if r["prediction"] is not None}
+    short_new = next(c.id for c in plan.cells if (c.mode, c.env.version) == ("short", "2.1"))
+    assert served[short_new]["prediction"] == "predicted-fail:planted"
+    assert summary.verdicts[short_new] == "pass"
+    assert any(
+        "predicted predicted-fail:planted on this interpreter: contradicted" in e for e in rows[short_new]["evidence"]
+    )
+    scores = track.scored(served.values())
+    assert scores.by_engine["toyserve"][track.CONTRADICTED] == 1
+    assert scores.by_engine["toyserve"][track.CONFIRMED] == len(served) - 1
+    assert scores.by_preflight[("toyserve", "planted")][track.CONTRADICTED] == 1
+    assert any(line.startswith("GPU runs' own CPU predictions, toyserve:") for line in scores.lines())
+    assert Verdict  # the planted hook's verdict type, imported by the copied module

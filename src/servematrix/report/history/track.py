@@ -5,10 +5,17 @@ and a pre-flight's `fail:<class>` a failure. A GPU entry of a cell's history (a 
 compared with the newest earlier CPU entry of the same cell with the same inputs (`record.same_inputs` but for
 where it was decided); a row that carries its own `prediction` counts too. Whether the outcome (pass or fail)
 held is counted by the predicted class; a contradicted prediction is listed with both entries.
+
+A GPU run pre-flights itself first, on the interpreter it serves with (issue 47, `run/pipeline.py`), and
+stores that prediction (`prediction`) and each pre-flight stage's outcome (`preflight`) beside what it
+observed. `scored` reads those pairs, per engine and per pre-flight: confirmed, contradicted, or not
+comparable and why (the run decided nothing, the pre-flight could not run there, it passed and the server
+failed for a cause it may not check).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +33,92 @@ class Contradiction:
     observed: Mapping[str, Any]  # the GPU entry
 
 
+CONFIRMED, CONTRADICTED, NOT_COMPARABLE = "confirmed", "contradicted", "not comparable"
+
+
+def score(predicted: str, observed: str) -> str:
+    """One pair: `confirmed`, `contradicted`, or `not comparable: <why>`."""
+    kind = verdict_kind(observed)
+    if kind not in ("pass", "fail"):
+        return f"{NOT_COMPARABLE}: the GPU run decided nothing ({observed})"
+    found = ("pass", "") if predicted == "pass" else _prediction(predicted)
+    if found is None:
+        return f"{NOT_COMPARABLE}: {predicted} predicts nothing about serving"
+    return CONFIRMED if found[0] == kind else CONTRADICTED
+
+
+def stage_score(outcome: Mapping[str, Any], observed: str) -> str:
+    """One pre-flight stage's outcome against the observation."""
+    how = str(outcome.get("outcome") or "")
+    if how == "verdict":
+        return score(str(outcome.get("verdict") or ""), observed)
+    if how != "passed":
+        why = next(iter(outcome.get("evidence") or []), how or "no outcome")
+        return f"{NOT_COMPARABLE}: it could not run there ({str(why)[:120]})"
+    found = score("pass", observed)
+    if found == CONTRADICTED:
+        return f"{NOT_COMPARABLE}: it passed, and the server failed with {observed} (a cause it may not check)"
+    return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scores:
+    """The pairs of GPU runs that pre-flighted themselves: per engine (the whole prediction) and per
+    (engine, pre-flight), the count of each score; `why`: the reasons of the not comparable ones."""
+
+    by_engine: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    by_preflight: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
+    why: Mapping[str, int] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        def counts(found: Mapping[str, int]) -> str:
+            return ", ".join(f"{found.get(k, 0)} {k}" for k in (CONFIRMED, CONTRADICTED, NOT_COMPARABLE))
+
+        out = [f"GPU runs' own CPU predictions, {engine}: {counts(c)}" for engine, c in sorted(self.by_engine.items())]
+        out += [
+            f"  {stage} pre-flight ({engine}): {counts(c)}" for (engine, stage), c in sorted(self.by_preflight.items())
+        ]
+        out += [f"  not comparable ({n}): {why}" for why, n in sorted(self.why.items())]
+        return out
+
+
+def scored(rows: Iterable[Row | Mapping[str, Any]]) -> Scores:
+    """Every row that carries its own prediction, scored (see the module doc)."""
+    by_engine: dict[str, Counter[str]] = {}
+    by_preflight: dict[tuple[str, str], Counter[str]] = {}
+    why: Counter[str] = Counter()
+    for row in rows:
+        predicted, observed = row.get("prediction"), str(row.get("verdict") or "")
+        if not predicted or decided_on(row) == "cpu":
+            continue
+        engine = str(row.get("engine") or "")
+        pairs: list[tuple[str | None, str]] = [(None, score(str(predicted), observed))]
+        outcomes = row.get("preflight") or {}
+        pairs += [
+            (str(stage), stage_score(found, observed))
+            for stage, found in outcomes.items()
+            if isinstance(found, Mapping)
+        ]
+        for stage, found in pairs:
+            head, _, reason = found.partition(": ")
+            target = (
+                by_engine.setdefault(engine, Counter())
+                if stage is None
+                else by_preflight.setdefault((engine, stage), Counter())
+            )
+            target[head] += 1
+            if reason:
+                why[reason] += 1
+    return Scores(by_engine=by_engine, by_preflight=by_preflight, why=dict(why))
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrackRecord:
     """CPU predictions against later GPU observations of the same inputs, by predicted class."""
 
     by_class: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # class -> (held, compared)
     contradicted: tuple[Contradiction, ...] = ()
+    scores: Scores = field(default_factory=Scores)  # GPU runs that pre-flighted themselves (`scored`)
 
     @property
     def held(self) -> int:
@@ -42,6 +129,9 @@ class TrackRecord:
         return sum(n for _, n in self.by_class.values())
 
     def line(self) -> str:
+        return "\n".join([self._line(), *self.scores.lines()])
+
+    def _line(self) -> str:
         if not self.compared:
             return (
                 "CPU predictions confirmed on a GPU: no cell has both a CPU prediction and a later GPU run of the "
@@ -64,6 +154,7 @@ def _prediction(verdict: str) -> tuple[str, str] | None:
 def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping[str, Any]] = ()) -> TrackRecord:
     """For each GPU observation (pass or fail) with an earlier CPU prediction of the same inputs, in a cell's
     history, or in a row's own `prediction` field: whether the prediction held, by its class."""
+    rows = list(rows)  # read twice: the pairs of history, and the rows' own predictions (`scored`)
     by_class: dict[str, list[int]] = {}
     contradicted: list[Contradiction] = []
     seen: set[tuple[str, str]] = set()
@@ -119,7 +210,11 @@ def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping
                     observed=entry_of(row),
                 )
             )
-    return TrackRecord(by_class={k: (v[0], v[1]) for k, v in by_class.items()}, contradicted=tuple(contradicted))
+    return TrackRecord(
+        by_class={k: (v[0], v[1]) for k, v in by_class.items()},
+        contradicted=tuple(contradicted),
+        scores=scored(rows),
+    )
 
 
 def track_record_markdown(history: Mapping[str, Any] | None, rows: Sequence[Row]) -> str:
