@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -143,7 +143,7 @@ class Server:
     def stop(self, grace_s: float = 10.0) -> None:
         if self.process is None:
             return
-        kill_tree(self.process.pid, self.process.pid, grace_s=grace_s)
+        kill_tree(self.process.pid, self.process.pid, grace_s=grace_s, markers=(self.marker,) if self.marker else ())
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
 
@@ -316,8 +316,9 @@ def _pump(stream: IO[bytes], log_path: Path, redactor: Redactor) -> None:
             stream.close()
 
 
-def kill_tree(pid: int, pgid: int | None, *, grace_s: float = 10.0) -> list[int]:
-    """SIGTERM the group and every descendant, then SIGKILL what is left. Returns the pids it found."""
+def kill_tree(pid: int, pgid: int | None, *, grace_s: float = 10.0, markers: Sequence[str] = ()) -> list[int]:
+    """SIGTERM the group and every descendant, then SIGKILL what is left, then every process left that carries
+    one of `markers` (`kill_processes`). Returns the pids it found."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -325,11 +326,18 @@ def kill_tree(pid: int, pgid: int | None, *, grace_s: float = 10.0) -> list[int]
         procs = []
     if pgid is not None:
         procs += [p for p in _group_members(pgid) if p not in procs]
-    return kill_processes(procs, grace_s=grace_s)
+    return kill_processes(procs, grace_s=grace_s, markers=markers)
 
 
-def kill_processes(procs: list[psutil.Process], *, grace_s: float = 10.0) -> list[int]:
-    """SIGTERM each, then SIGKILL what is left. Returns their pids."""
+SWEEP_ROUNDS = 5  # a worker started during a teardown is found by the next round; a respawning one is bounded
+
+
+def kill_processes(procs: list[psutil.Process], *, grace_s: float = 10.0, markers: Sequence[str] = ()) -> list[int]:
+    """SIGTERM each, then SIGKILL what is left. Then the processes that carry the harness marker of any of
+    them (or one of `markers`) are found again and killed, round after round until none is left: a worker
+    the server started while it was being stopped, or one that left its group (double fork and `setsid`, as
+    Ray's daemons do), is not in the first snapshot but inherits the marker. Returns the pids killed."""
+    marked = set(markers) | {m for m in (_marker_of(p) for p in procs) if m}
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGTERM)
@@ -338,7 +346,37 @@ def kill_processes(procs: list[psutil.Process], *, grace_s: float = 10.0) -> lis
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     psutil.wait_procs(alive, timeout=5)
-    return [p.pid for p in procs]
+    killed = [p.pid for p in procs]
+    for _ in range(SWEEP_ROUNDS if marked else 0):
+        left = _carrying(marked)
+        if not left:
+            break
+        for proc in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()  # it had its SIGTERM with the server, or left the group to avoid it
+        psutil.wait_procs(left, timeout=5)
+        killed += [p.pid for p in left if p.pid not in killed]
+    return killed
+
+
+def _marker_of(proc: psutil.Process) -> str | None:
+    try:
+        return proc.environ().get(HARNESS_MARKER)
+    except (psutil.Error, OSError):
+        return None
+
+
+def _carrying(markers: set[str]) -> list[psutil.Process]:
+    """The live processes of this host (this user's: another's environment is not readable) whose harness
+    marker is one of `markers`; never this process."""
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.status() != psutil.STATUS_ZOMBIE and _marker_of(proc) in markers:
+                found.append(proc)
+    return found
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:

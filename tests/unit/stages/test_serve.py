@@ -224,3 +224,56 @@ def test_a_crash_printing_huge_lines_gives_a_bounded_excerpt(tmp_path):
     assert len(excerpt) < 40_000
     assert all(len(line) <= 1000 for line in excerpt.splitlines())
     assert "line29 yyy" in excerpt.splitlines()[-1] and "characters cut" in excerpt
+
+
+STUBBORN_SERVER = """
+import os, signal, subprocess, sys, time
+mode, pids = sys.argv[1], sys.argv[2]
+def record(pid):
+    with open(pids, "a") as f:
+        f.write(f"{pid}\\n")
+if mode == "respawn":  # a SIGTERM starts a worker (in the server's group) and is otherwise ignored
+    signal.signal(signal.SIGTERM, lambda *_: record(subprocess.Popen(["sleep", "300"]).pid))
+elif mode == "daemon":  # a worker that leaves the group: double fork, setsid, SIGTERM ignored
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            record(os.getpid())
+            time.sleep(300)
+            os._exit(0)
+        os._exit(0)
+print("started", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("mode", ["respawn", "daemon"])
+def test_teardown_kills_every_process_carrying_the_servers_marker(tmp_path, mode):
+    """M1, M2: a worker started while the server is being stopped, or one that left the server's group, is
+    not in the teardown's first snapshot of the tree and the group; it carries the harness marker, and the
+    teardown finds and kills it by that."""
+    pids = tmp_path / "pids"
+    launch = LaunchSpec(
+        argv=(sys.executable, "-c", STUBBORN_SERVER, mode, str(pids)), env=dict(os.environ), owns_listener=True
+    )
+    server = Server(
+        launch,
+        engine="sglang",
+        port=free_port(),
+        log_path=tmp_path / "server.log",
+        readiness=Readiness(path="/health", interval_s=0.2, timeout_s=5),
+        timeout_s=5,
+        marker="r1/c-stubborn",
+    )
+    server.__enter__()  # one stop, as a run's teardown does (a second one would snapshot the group again)
+    try:
+        deadline = time.monotonic() + 10
+        while "started" not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        server.stop(grace_s=1.0)
+    workers = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+    assert workers, "the server started no worker"
+    assert _all_gone(workers), [psutil.Process(p).cmdline() for p in workers if psutil.pid_exists(p)]

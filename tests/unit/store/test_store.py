@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -411,3 +413,43 @@ def test_an_excerpt_and_evidence_are_bounded_as_stored_and_as_merged(tmp_path):
         again.record(**_row("r1", "c1"), verdict="fail:server-exited", excerpt=row["excerpt"], evidence=row["evidence"])
         assert again.latest()[0]["excerpt"] == row["excerpt"]
         assert again.latest()[0]["evidence"] == row["evidence"]
+
+
+DETACHING = (
+    "import os, signal, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "        open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+    "        time.sleep(600)\n"
+    "    os._exit(0)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_reaper_kills_a_worker_of_the_orphan_that_left_its_group(tmp_path):
+    """M2: the orphan's worker left its group (double fork, setsid); it carries the row's marker, and the
+    reaper finds it by that."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    worker_pid = tmp_path / "worker.pid"
+    argv = [sys.executable, "-c", DETACHING, str(worker_pid)]
+    with Store(tmp_path / "s.sqlite") as store:
+        store.start(**_row("r1", "c1"), host=HERE)
+        orphan = _orphan(argv)
+        deadline = time.monotonic() + 10
+        while not worker_pid.exists() or not worker_pid.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        worker = int(worker_pid.read_text())
+        store.update("r1", "c1", argv=argv, harness_pid=dead.pid, server_pid=orphan.pid, server_pgid=orphan.pid)
+        try:
+            killed = reap_orphans(store)
+            assert orphan.pid in killed and worker in killed
+            assert orphan.wait(timeout=10) is not None
+            with contextlib.suppress(psutil.NoSuchProcess):
+                assert psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
