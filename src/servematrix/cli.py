@@ -273,6 +273,7 @@ def no_store_yet(store: Path) -> str:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from servematrix.report.publish import read_record, store_rows
+    from servematrix.evidence import apply as apply_evidence
     from servematrix.report.recommend import recommend, render_text
     from servematrix.report.regressions import published_rows
     from servematrix.store.redact import strip_terminal_controls
@@ -284,6 +285,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         if record is None:
             raise InputError(f"no published results at {PUBLISHED_SITE / RECORD}: pass --store PATH")
         rows = published_rows(record)
+    rows = apply_evidence(rows)  # from every matrix's rows: a lane's observation reaches the product's cells
     if args.matrix is not None:
         wanted = {str(args.matrix), args.matrix.as_posix()}
         known = sorted({str(r["matrix"]) for r in rows})
@@ -294,7 +296,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([r.to_dict() for r in found], indent=2))
     else:
-        print(strip_terminal_controls(render_text(found, rows)))  # a row's text never drives the terminal
+        print(strip_terminal_controls(render_text(found, rows, every=args.all)))  # a row's text never drives the terminal
         if args.store is None:  # the published rows: the pre-flight's track record, with the recommendation
             from servematrix.report.history.track import published_line
 

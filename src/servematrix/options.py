@@ -641,6 +641,12 @@ OPTIONS: tuple[Option, ...] = (
         help=f"a result store (default: the published {PUBLISHED_SITE / RECORD})",
         commands=("recommend",),
     ),
+    Option(
+        flags=("--all",),
+        action="store_true",
+        help="text format: every ranked cell, every held-back one and every failing cell, not only the answer",
+        commands=("recommend",),
+    ),
     # --- merge
     Option(
         flags=("out",),

@@ -195,6 +195,7 @@ LAYERS = (
     "servematrix.advisories",  # reads plans, locks and the model config; report/ and the pre-flight read it
     "servematrix.backends",
     "servematrix.stages",
+    "servematrix.evidence",  # what sibling GPUs and advisories say of a cell: report/ shows it, recommend ranks by it
     "servematrix.report",
     "servematrix.run",
     "servematrix.bisection",

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from packaging.utils import canonicalize_name
 
@@ -29,7 +29,9 @@ from servematrix.advisories.model import Advisory
 from servematrix.config.spec import PINNED, model_config_dir
 from servematrix.formats.lockfile import parse_pins
 from servematrix.planning.cells import Cell
-from servematrix.planning.plan import Plan
+
+if TYPE_CHECKING:  # a type only: planning.plan imports the engines' hooks, which report/ must not reach
+    from servematrix.planning.plan import Plan
 
 Status = Literal["affected", "at-risk"]
 

@@ -195,23 +195,23 @@ def render(rows: Sequence[Row], title: str = "Compatibility", extras: Extras = N
     if not rows:
         out.append("No results yet: run `nox -s matrix` first.\n")
         return "".join(out) if not extras.html else "\n".join(out)
+    from servematrix.report.recommend import matrix_order, render_markdown  # it reads this module's tok_s
+
+    out.append(render_markdown(rows))  # the answer first
     out.append(_regressions(extras))
     if extras.packing:
         runs = "\n".join(f"- {text(line)}" for line in extras.packing)
         out.append(
             f"Packed runs (cells at once on disjoint GPUs of one host; the makespan against its lower bound):\n\n{runs}\n"
         )
-    from servematrix.report.recommend import render_markdown  # it reads this module's tok_s
-
-    out.append(render_markdown(rows))
     out.append(extras.history)  # after the recommendation: the pre-flight's track record is read with it
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
         by_matrix.setdefault(row["matrix"], []).append(row)
-    # The matrix just run leads: the most recently finished first.
+    # The product leads (a real checkpoint), then the matrix just run: the most recently finished first.
     latest = {m: max(str(r.get("finished_at") or "") for r in group) for m, group in by_matrix.items()}
-    for matrix, group in sorted(by_matrix.items(), key=lambda item: latest[item[0]], reverse=True):
-        out.append(_matrix_section(matrix, group, extras))
+    for matrix in matrix_order(list(by_matrix), latest):
+        out.append(_matrix_section(matrix, by_matrix[matrix], extras))
     return "\n".join(part for part in out if part)
 
 
@@ -365,6 +365,11 @@ def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str], moved: 
         excerpt = (row.get("excerpt") or "").strip()
         if excerpt and row["verdict"] != "pass":
             lines.append(f"  - evidence: {code(deciding_line(row))}")
+        for piece in row.get("evidence_model") or ():  # the evidence layer's: a sibling GPU, an advisory
+            if isinstance(piece, dict):
+                lines.append(
+                    f"  - {text(str(piece.get('stance')))}: {text(str(piece.get('headline') or piece.get('text')))}"
+                )
         lines.extend(f"  - {label}: {text(note)}" for label, note in measured_notes(row))
         lines.append(f"  - reproduce: {code(reproduce(row, moved))}")
         if note := moved_note(row, moved):

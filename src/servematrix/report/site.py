@@ -36,6 +36,7 @@ from servematrix.classify.fixes import package_fixes
 from servematrix.config.spec import load_spec
 from servematrix.engines import Engine, available_engines, load_engine
 from servematrix.errors import InputError
+from servematrix.evidence import apply as apply_evidence
 from servematrix.planning.cells import expand
 from servematrix.report import escape, markdown
 from servematrix.report.bisectnote import notes as bisection_notes
@@ -55,7 +56,7 @@ from servematrix.report.markdown import (
 )
 from servematrix.report.owned import own_folder, replace_owned
 from servematrix.report.plots import Plot, write_plots
-from servematrix.report.recommend import nearest_fixes
+from servematrix.report.recommend import TIERS, matrix_order, nearest_fixes, recommend, serves_real_model
 from servematrix.report.regressions import (
     Regression,
     detect_regressions,
@@ -65,7 +66,7 @@ from servematrix.report.regressions import (
     spreads,
     write_export,
 )
-from servematrix.report.rows import comparison, measured_notes, tok_s, ttft_ms, version_key
+from servematrix.report.rows import PROVENANCE_NOTES, comparison, measured_notes, tok_s, ttft_ms, version_key
 from servematrix.store.store import Row
 from servematrix.util import atomic_write
 
@@ -113,11 +114,14 @@ def build_report(
     the same regressions."""
     previous = load_export(baseline) if baseline is not None else None
     regressions = tuple(detect_regressions(rows, previous))
+    # The pages show each cell with the evidence layer applied (a carried failure, an advisory, a sibling GPU's
+    # observation); the record, the regressions and the history keep what each cell's own run decided.
+    shown = apply_evidence(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(rows, out_dir / "plots")
-    classes = failure_classes(rows)
+    classes = failure_classes(shown)
     moved = moved_cells(rows)
-    failure_pages = write_failure_pages(classes, rows, out_dir / FAILURES_DIR, table=markdown_name, moved=moved)
+    failure_pages = write_failure_pages(classes, shown, out_dir / FAILURES_DIR, table=markdown_name, moved=moved)
     shown_baseline = _shown(baseline, shown_from or out_dir) if baseline is not None and previous is not None else None
     descriptions = matrix_descriptions(rows)
     extras = Extras(
@@ -134,11 +138,11 @@ def build_report(
         descriptions=descriptions,
         moved=moved,
     )
-    md_path = markdown.write(rows, out_dir / markdown_name, title, extras)
+    md_path = markdown.write(shown, out_dir / markdown_name, title, extras)
     html_path = atomic_write(
         out_dir / HTML_NAME,
         render_html(
-            rows,
+            shown,
             title=title,
             plots=plots,
             regressions=regressions,
@@ -386,8 +390,10 @@ def render_html(
         for matrix, group in by_matrix.items()
     ]
     changes = history_view(history, sections, rows)  # each cell's timeline, and this publish's categories
-    # The matrix just run leads: the most recently finished first, each with counts of its own.
-    sections.sort(key=lambda s: s["finished"], reverse=True)
+    # The product leads (a matrix serving a real checkpoint), then the matrix just run: the most recently finished
+    # first, each with counts of its own.
+    order = matrix_order([s["matrix"] for s in sections], {s["matrix"]: s["finished"] for s in sections})
+    sections.sort(key=lambda s: order.index(s["matrix"]))
     counts = {kind: sum(1 for r in rows if _kind(r) == kind) for kind in VERDICT_KINDS}
     return (
         _html_environment()
@@ -401,11 +407,47 @@ def render_html(
             baseline=baseline,
             classes=[classes[c] for c in used if c in classes],
             provenance=markdown.provenance(list(rows)).strip() if rows else "",
+            answer=answer_view(rows, order),
             changes=changes,
             css=_asset("site.css"),
             js=_asset("site.js"),
         )
     )
+
+
+def answer_view(rows: Sequence[Row], order: Sequence[str]) -> list[dict[str, Any]]:
+    """The page's opening: per matrix (the product first) and GPU kind, the picks with what each rests on, what has
+    not been shown and the run that settles it; how many cells are held back or failing, and their causes."""
+    out = []
+    recs = recommend(rows)
+    for matrix in order:
+        for rec in (r for r in recs if r.matrix == matrix):
+            out.append(
+                {
+                    "matrix": rec.matrix,
+                    "gpu": rec.gpu,
+                    "product": serves_real_model(rec.matrix),
+                    "at_risk_only": bool(rec.picks) and not rec.stacks,
+                    "picks": [
+                        {
+                            "cell": s.cell_id,
+                            "words": s.words,
+                            "tier": TIERS[s.tier],
+                            "rests_on": s.rests_on,
+                            "not_shown": s.not_shown,
+                            "settle": s.settle,
+                            "against": list(s.against),
+                        }
+                        for s in rec.picks
+                    ],
+                    "held": len(rec.held),
+                    "failing": len(rec.failing),
+                    "causes": [
+                        {"cls": c.cls, "count": len(c.cells), "fix": c.fix, "fixed": c.fixed} for c in rec.causes
+                    ],
+                }
+            )
+    return out
 
 
 def _kind(row: Row) -> str:
@@ -501,7 +543,12 @@ def _cell_view(
         "verdict": str(row["verdict"]),
         "kind": _kind(row),
         "cls": failure_class(str(row["verdict"])),
-        "evidence": list(row.get("evidence") or []),
+        # What decided it and the evidence layer's pieces, inline; provenance and long lists (a bundle's dozens of
+        # package differences from the lock) folded behind a toggle.
+        "evidence": (lead := _evidence_lead(row)),
+        "evidence_more": [str(e) for e in row.get("evidence") or [] if str(e) not in lead],
+        "pieces": [p for p in row.get("evidence_model") or [] if isinstance(p, dict)],
+        "own_verdict": str(row.get("own_verdict") or ""),
         "measured": measured_notes(row),
         "prediction": prediction(row),
         "tok_s": [
@@ -548,6 +595,26 @@ def _cell_view(
         "finished_at": row.get("finished_at") or "",
         "excerpt": excerpt if row["verdict"] != "pass" else "",
     }
+
+
+EVIDENCE_INLINE = 3  # evidence lines shown beside a verdict; the rest are folded
+
+
+_STANCE = {"predicts-fail": "predicts the failure", "at-risk": "at risk", "supports": "supports"}
+
+
+def _evidence_lead(row: Row) -> list[str]:
+    """The lines beside a verdict: the evidence layer's pieces by their headlines, then what decided the verdict;
+    never provenance."""
+    pieces = {p.get("text"): p for p in row.get("evidence_model") or [] if isinstance(p, dict)}
+    lead = []
+    for line in (str(e) for e in row.get("evidence") or []):
+        piece = pieces.get(line)
+        if piece is not None:
+            lead.append(f"{_STANCE.get(str(piece.get('stance')), '')}: {piece.get('headline') or line}")
+        elif not line.startswith(PROVENANCE_NOTES):
+            lead.append(line)
+    return lead[:EVIDENCE_INLINE]
 
 
 def _data_uri(path: Path) -> str:

@@ -56,7 +56,7 @@ def test_the_markdown_lead_escapes_and_labels(tmp_path):
     rows = [*ROWS, _row("g", "baseline", "fail:x", gpu="<b>kind</b>")]
     text = render_markdown(rows)
     assert "<b>kind</b>" not in text
-    assert "observed: served and benchmarked" in text and "predicted: passed the CPU pre-flights" in text
+    assert "observed on this GPU kind" in text and "lighter CPU pre-flights" in text
 
 
 def test_the_command_reads_a_store(tmp_path, capsys):
@@ -97,3 +97,58 @@ def test_matrices_are_never_pooled_on_one_gpu_kind(capsys):
     out = capsys.readouterr().out
     assert "h200 (matrix/h200-glm5.toml):" in out and "h200 (matrix/h200-smoke.toml):" in out
     assert not any(line.endswith("-> ") for line in out.splitlines())  # every failing cell names its fix
+
+
+def _open(cell: str, mode: str, evidence: list[str], **axes: str) -> dict:
+    return {**_row(cell, mode, "skipped:no-gpu", **axes), "evidence": evidence, "evidence_model": []}
+
+
+def test_ranked_by_evidence_own_pins_first_and_nothing_against_a_pick():
+    build = ["load: loaded to the module build for sm_100, 4 of 78 layers"]
+    against = {"kind": "advisory", "stance": "at-risk", "text": "at-risk: advisory X", "headline": "advisory X"}
+    supports = {"kind": "sibling", "stance": "supports", "text": "supports: y", "headline": "y"}
+    rows = [
+        _open("light", "breakable", ["import check: pass"], sglang="0.5.23"),
+        {
+            **_open("crossed", "breakable", build, sglang="0.5.23", flashinfer="0.6.12"),
+            "crossed_pins": {"flashinfer-python": {}},
+        },
+        _open("own", "breakable", build, sglang="0.5.17"),
+        {**_open("risky", "breakable", build, sglang="0.5.23"), "evidence_model": [against]},
+        {**_open("sibling", "baseline", ["import check: pass"], sglang="0.5.12"), "evidence_model": [supports]},
+    ]
+    (rec,) = recommend(rows)
+    assert [s.cell_id for s in rec.stacks] == ["sibling", "own", "crossed", "light"]
+    assert [s.cell_id for s in rec.held] == ["risky"] and rec.held[0].against == ("advisory X",)
+    assert [s.tier for s in rec.stacks] == [1, 2, 2, 3]
+    assert (
+        rec.stacks[2].words.startswith("flashinfer 0.6.12 (crosses its pin)")
+        or "crosses its pin" in rec.stacks[2].words
+    )
+    assert rec.stacks[1].settle == "servematrix run matrix/m.toml --select id=own  (on B200)"
+
+
+def test_every_cell_at_risk_still_answers_and_says_so():
+    against = {"kind": "advisory", "stance": "at-risk", "text": "at-risk: advisory X", "headline": "advisory X"}
+    rows = [{**_open("only", "baseline", []), "evidence_model": [against]}]
+    (rec,) = recommend(rows)
+    assert rec.stacks == () and [p.cell_id for p in rec.picks] == ["only"]
+    from servematrix.report.recommend import render_text
+
+    text = render_text([rec], rows)
+    assert "evidence against it: the best of them, at risk" in text and "at risk: advisory X" in text
+
+
+def test_failing_cells_are_summarised_by_cause_with_their_fix():
+    (rec,) = recommend(ROWS)
+    causes = {c.cls: (len(c.cells), c.fixed) for c in rec.causes}
+    assert causes["dynamo-untraceable"] == (1, 1) and causes["dependency-version"][0] == 1
+
+
+def test_the_product_answer_fits_one_screen(capsys):
+    assert main(["recommend", "matrix/glm5-nvfp4.toml"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) <= 60
+    assert out.index("b200 (matrix/glm5-nvfp4.toml):") < out.index("failing:")
+    assert main(["recommend", "--all", "matrix/glm5-nvfp4.toml"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) > 60
