@@ -292,3 +292,29 @@ def test_the_random_glm5s_config_is_what_its_builder_writes_with_glm5s_attention
     for key, value in tinymoe.model_fields("glm5-gpu", vocab_size=tinymodel.VOCAB_SIZE).items():
         assert config[key] == value, key
     assert config["dtype"] == tinymoe.SIZES["glm5-gpu"]["dtype"]
+
+
+def test_a_local_checkpoint_folder_is_read_for_its_config_files_only(tmp_path):
+    """M5: a local `model.path` with no `config_dir` is the checkpoint: the pre-flight's cache key reads its
+    config and tokenizer files, never its weight shards (a 430 GB checkpoint was read whole per cell)."""
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    for config in (MATRIX / "models" / "glm5-nvfp4").glob("*.json"):
+        (checkpoint / config.name).write_bytes(config.read_bytes())
+    (checkpoint / "tokenizer.json").write_text('{"model": {}}')
+    inp = _input(tmp_path)
+    inp = PreflightInput(cell=inp.cell, engine=inp.engine, pins=inp.pins, cache_dir=tmp_path, model_config=checkpoint)
+    request = loadprobe.request_for(inp)
+    before = loadprobe.result_key(inp, request, "12.0")
+    for shard in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "pytorch_model.bin"):
+        with (checkpoint / shard).open("wb") as handle:
+            handle.truncate(64 * 1024 * 1024)  # sparse: what it holds is never looked at
+    assert [p.name for p in loadprobe.config_files(checkpoint)] == [
+        "config.json",
+        "hf_quant_config.json",
+        "tokenizer.json",
+    ]
+    assert loadprobe.result_key(inp, request, "12.0") == before
+    # A config file that changes is a new key.
+    (checkpoint / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    assert loadprobe.result_key(inp, request, "12.0") != before

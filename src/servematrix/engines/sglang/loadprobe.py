@@ -359,8 +359,29 @@ def code_version() -> str:
     return digest.hexdigest()[:16]
 
 
+# What the load pre-flight reads of a model folder: its config and tokenizer files. A local `model.path` with no
+# `config_dir` is the checkpoint itself, and its weights (hundreds of GB of shards) are never read here.
+CONFIG_SUFFIXES = frozenset({".json", ".md", ".py", ".txt", ".model", ".jinja", ".tiktoken", ".yaml", ".yml"})
+CONFIG_FILE_MAX = 64 * 1024 * 1024  # a tokenizer.json is tens of MB; nothing of config is larger
+
+
+def config_files(folder: Path) -> list[Path]:
+    """The folder's config and tokenizer files (by suffix, at most CONFIG_FILE_MAX each), sorted by name."""
+    found = []
+    for path in folder.iterdir():
+        if path.suffix.lower() in CONFIG_SUFFIXES and path.is_file() and path.stat().st_size <= CONFIG_FILE_MAX:
+            found.append(path)
+    return sorted(found, key=lambda p: p.name)
+
+
 def _folder_digest(folder: Path) -> str:
-    entries = sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in folder.iterdir() if p.is_file())
+    entries = []
+    for path in config_files(folder):
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        entries.append((path.name, digest.hexdigest()))
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
 
 
