@@ -312,6 +312,7 @@ class Publication:
     kept_decided: int  # decided cells whose newer run in the store decided nothing (error, interrupted), kept
     kept_absent: int  # cells the store lacks, kept
     pruned: int  # cells the store lacks, removed (--prune)
+    kept_future: int = 0  # cells whose store row finished ahead of this host's clock (a skewed clock), kept
 
     def summary(self, record: Path) -> str:
         parts = [
@@ -325,6 +326,11 @@ class Publication:
         ]
         if self.pruned:
             parts[-1] = f"{self.pruned} pruned (not in the store)"
+        if self.kept_future:
+            parts.append(
+                f"{self.kept_future} kept (the store's run finished after this host's clock says it is now: "
+                "a skewed clock; its row is not published)"
+            )
         return f"published {len(self.rows)} cell(s) to {record}: " + ", ".join(parts)
 
 
@@ -359,6 +365,7 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
     current = {row["cell_id"]: row for row in published_rows(published)} if published else {}
     merged: dict[str, Row] = {}
     counts = {"added": 0, "replaced": 0, "same": 0, "kept_newer": 0, "kept_observed": 0, "kept_decided": 0}
+    counts["kept_future"] = 0
     for row in rows:
         old = current.get(row["cell_id"])
         if old is None:
@@ -376,6 +383,17 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
             # A stopped run or a harness fault says nothing about the stack: it does not unpublish a verdict.
             counts["kept_decided"] += 1
             merged[row["cell_id"]] = old
+        elif in_future(row.get("finished_at")):
+            # Neither newer nor older can be told: a time ahead of the clock would pin the cell, and dropping
+            # it as "older" would be a false reason. Kept as published, and said so.
+            counts["kept_future"] += 1
+            merged[row["cell_id"]] = old
+            print(
+                f"servematrix: cell {row['cell_id']}: the store's run {row.get('run_id')} finished at "
+                f"{row.get('finished_at')}, ahead of this host's clock (skewed?): not published over run "
+                f"{old.get('run_id')}",
+                file=sys.stderr,
+            )
         elif _newer_or_same(row, old):
             counts["replaced"] += 1
             merged[row["cell_id"]] = row

@@ -346,3 +346,21 @@ def test_a_huge_excerpt_is_bounded_where_it_is_published(project: Path):
     assert len(cell["evidence"]) <= 40 and all(len(e) <= 1000 for e in cell["evidence"])
     assert (project / "docs" / "results" / "latest.json").stat().st_size < 500_000
     assert (project / "docs" / "compatibility.html").stat().st_size < 2_000_000
+
+
+def test_a_store_row_ahead_of_the_clock_is_kept_out_with_its_true_reason(project: Path, capsys):
+    """M9: a runner's clock 20 minutes ahead: its row is neither called older than the published one (a false
+    reason) nor allowed to pin the cell; the summary says its time is ahead of this host's clock."""
+    from datetime import UTC, datetime, timedelta
+
+    ahead = (datetime.now(UTC) + timedelta(minutes=20)).isoformat(timespec="seconds")
+    store = project / "ahead.sqlite"
+    with Store(store) as s:
+        record(s, "a", run="r9", finished=ahead, verdict="fail:cpu-oom")
+    capsys.readouterr()
+    assert main(["report", "--publish", "--store", str(store)]) == 0
+    err = capsys.readouterr().err
+    assert "0 kept (the published run is newer than the store's)" in err
+    assert "1 kept (the store's run finished after this host's clock says it is now" in err
+    assert f"cell a: the store's run r9 finished at {ahead}, ahead of this host's clock" in err
+    assert published(project / "docs")["a"]["run_id"] == "r1"
