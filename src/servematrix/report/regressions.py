@@ -226,7 +226,24 @@ def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
         "verdict": entry.get("verdict"),
         "tok_s": {str(c): s for c, s in spreads(entry.get("metrics")).items()},
         "ttft_s": {str(c): s for c, s in ttft_spreads(entry.get("metrics")).items()},
+        "workload": workload_of(entry),
     }
+
+
+def workload_of(entry: Row | Mapping[str, Any]) -> Any:
+    """The benchmark workload a published cell or a row was measured with (a summary keeps it), or None
+    where it is not recorded (an older record)."""
+    if not isinstance(entry, Row) and "tok_s" in entry:
+        return entry.get("workload")
+    metrics = entry.get("metrics")
+    return metrics.get("workload") if isinstance(metrics, Mapping) else None
+
+
+def same_workload(a: Row | Mapping[str, Any], b: Row | Mapping[str, Any]) -> bool:
+    """Whether two results were measured alike: two matrices that differ only in their workload share cell
+    ids, and one's figures are never the other's regression. Unknown on either side counts as alike."""
+    first, second = workload_of(a), workload_of(b)
+    return first is None or second is None or first == second
 
 
 # ------------------------------------------------------------------------------------------- comparison
@@ -303,6 +320,8 @@ def detect_regressions(
         }
         if observed(before) and unserved(after):
             continue  # like with like: a verdict reached without serving never regresses what a GPU run observed
+        if not same_workload(reference, row):
+            continue  # another workload (another matrix's cell of the same id): not a comparison
         if _kind(before) == "pass" and _kind(after) in FAILED_KINDS:
             found.append(
                 Regression(**common, kind="verdict", before=before, after=after, reason=f"verdict {before} -> {after}")

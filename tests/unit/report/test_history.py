@@ -417,3 +417,20 @@ def test_a_publish_killed_between_history_and_latest_is_finished_by_the_next(pro
     entries = json.loads((results / "history.json").read_text())["cells"]["a"]["entries"]
     assert [e["run_id"] for e in entries] == ["r1", "r2"], entries
     assert not list((project / "docs").glob(".servematrix-*"))
+
+
+def test_another_workloads_figures_are_filed_as_changed_inputs_never_regressed():
+    """M7: the same cell id measured by a matrix that differs only in its workload (output_len 8: a tenth of
+    the tok/s) is a change of inputs in the history, not a regression of the stack."""
+
+    def entry(run: str, tok_s: float, output_len: int) -> dict[str, Any]:
+        row = {
+            "run_id": run, "cell_id": "a", "inputs_hash": f"h{output_len}", "verdict": "pass",
+            "finished_at": "2026-02-01T00:00:00+00:00", "stages": {"serve": 1.0, "bench": 2.0},
+            "metrics": {**metrics((tok_s * 0.99, tok_s, tok_s * 1.01)), "workload": {"output_len": output_len}},
+        }  # fmt: skip
+        return history.entry_of(row)
+
+    category, why = history.categorize(entry("r1", 100.0, 64), entry("r2", 10.0, 8))
+    assert category == "changed-inputs" and "workload changed" in why
+    assert history.categorize(entry("r1", 100.0, 64), entry("r3", 10.0, 64))[0] == "flaky"

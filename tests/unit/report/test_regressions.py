@@ -94,6 +94,26 @@ def test_cells_new_to_the_matrix_and_no_baseline_compare_with_nothing():
 # ----------------------------------------------------------------------------------------- throughput
 
 
+def test_another_workloads_figures_are_never_a_regression():
+    """M7: two matrices that differ only in their workload share cell ids; the one with output_len 8 measures
+    a tenth of the other's tok/s. Its figures are not compared with the other's, in the record or in a
+    summary carried over from an earlier render; the same workload is compared as before."""
+    long = {"input_len": 8, "output_len": 64, "concurrency": [1]}
+    short = {**long, "output_len": 8}
+
+    def measured(run: str, tok_s: float, workload: dict[str, Any]) -> Row:
+        r = row(run=run, levels=[level(1, tok_s * 0.99, tok_s, tok_s * 1.01)])
+        return Row(values={**r.values, "metrics": {**r.values["metrics"], "workload": workload}})
+
+    before = published(measured("r1", 100.0, long))
+    assert detect_regressions([measured("r2", 10.0, short)], before) == []
+    # The record as a later render reads it: the cell's previous run kept as a summary.
+    rerendered = export_results([measured("r2", 10.0, short)], previous=before)
+    assert detect_regressions([measured("r2", 10.0, short)], rerendered) == []
+    found = detect_regressions([measured("r3", 10.0, long)], before)
+    assert [r.kind for r in found] == ["throughput"]
+
+
 def test_a_drop_within_the_measured_noise_is_not_flagged():
     # Old repeats spread 80..120 (40 % noise); the median fell 25 %, and the ranges overlap.
     before = row(levels=[level(16, 80, 100, 120)])

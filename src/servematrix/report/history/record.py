@@ -147,6 +147,10 @@ def entry_of(row: Row | Mapping[str, Any], pins: Mapping[str, str] | None = None
     found = figures(row)
     if found:
         entry["figures"] = found
+    metrics = row.get("metrics")
+    if isinstance(metrics, Mapping) and metrics.get("workload") is not None:
+        # Two matrices differing only in their workload share cell ids: their figures are never compared.
+        entry["workload"] = _digest(metrics["workload"])[:12]
     return entry
 
 
@@ -213,6 +217,8 @@ def categorize(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> tu
         what = "; ".join(f"{k} {_interval(before, k)} → {_interval(after, k)}" for k, _ in figs)
     if same_inputs(before, after):
         return "flaky", f"{what} with identical inputs"
+    if not known_same(before, after, "workload"):
+        return "changed-inputs", f"{what}; the benchmark workload changed (another matrix's cell of this id?)"
     changed = _what_changed(before, after)
     a, b = verdict_kind(str(before.get("verdict"))), verdict_kind(str(after.get("verdict")))
     stack_changed = before.get("on") in (None, after.get("on"))  # else only where it was decided changed
