@@ -224,10 +224,14 @@ _TERMINAL_CONTROL = re.compile(
     r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x00-\x1f\x7f-\x9f]*(?:\x07|\x1b\\|\x9c)"
     r"|\x1b[ -/]*[0-~]?"
     r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+    r"|[\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
 )
-
-
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # every sequence starts with one
+# Invisible format characters (zero-width spaces and joiners, the soft hyphen, word joiners, the BOM, bidi
+# controls) are removed with them: a secret split by one (`Xy7k\u200bq9ZzP4wL`) is whole again for the match,
+# and a browser showed it as the secret itself.
+_CONTROL_CHARACTER = re.compile(
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+)  # every sequence starts with one
 
 
 def strip_terminal_controls(text: str) -> str:

@@ -198,3 +198,14 @@ def test_the_stream_writer_bounds_a_line_without_newlines():
     assert len(sink.getvalue()) > 0  # written as it came, at its carriage returns
     writer.close()
     assert sink.getvalue() == b"progress 10%\r" * 500
+
+
+@pytest.mark.parametrize("split", ["\u200b", "\u00ad", "\u2060", "\ufeff", "\u200d", "\u202e"])
+def test_a_secret_split_by_an_invisible_character_is_still_redacted(split):
+    """L1: a zero-width space, soft hyphen, word joiner, BOM or bidi control inside a secret hid it from the
+    match, and a browser showed it whole. They are removed before matching (and never reach the page)."""
+    env = {"DB_PASSWORD": "Xy7kq9ZzP4wL"}
+    text = f"connecting with Xy7k{split}q9ZzP4wL and {HF[:5]}{split}{HF[5:]}"
+    out = redact(text, env)
+    assert "q9ZzP4wL" not in out and HF[5:] not in out and split not in out
+    assert out == f"connecting with {REDACTED} and {REDACTED}"
