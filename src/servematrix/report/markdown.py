@@ -212,7 +212,12 @@ def render(rows: Sequence[Row], title: str = "Compatibility", extras: Extras = N
     latest = {m: max(str(r.get("finished_at") or "") for r in group) for m, group in by_matrix.items()}
     for matrix in matrix_order(list(by_matrix), latest):
         out.append(_matrix_section(matrix, by_matrix[matrix], extras))
-    return "\n".join(part for part in out if part)
+    return _BIDI_CONTROLS.sub("", "\n".join(part for part in out if part))
+
+
+# Bidi controls from a row (a verdict, a host's CPU name, argv) would reorder the table as GitHub and the docs site
+# render it: none is written into the page (the HTML page's finalize does the same).
+_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _regressions(extras: Extras) -> str:

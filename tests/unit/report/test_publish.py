@@ -364,3 +364,24 @@ def test_a_store_row_ahead_of_the_clock_is_kept_out_with_its_true_reason(project
     assert "1 kept (the store's run finished after this host's clock says it is now" in err
     assert f"cell a: the store's run r9 finished at {ahead}, ahead of this host's clock" in err
     assert published(project / "docs")["a"]["run_id"] == "r1"
+
+
+def test_no_bidi_control_reaches_the_markdown_table(project: Path):
+    """L3: a row's host CPU name, argv and excerpt holding U+202E (right-to-left override) and U+2066: the
+    Markdown table, which GitHub and the docs site render, holds none (the HTML page already had none)."""
+    store = project / "bidi.sqlite"
+    with Store(store) as s:
+        record(s, "a", run="r2", finished=T2, verdict="fail:server-exited")
+    with sqlite3.connect(store) as db:
+        db.execute(
+            "UPDATE cell_runs SET excerpt = ?, argv = ?, host = ?",
+            (
+                "exit code 1\nboom \u202eexe.live\u202c",
+                json.dumps(["python", "-m", "srv", "--name", "\u2066evil\u2069"]),
+                json.dumps({"hostname": "h", "cpu": "Xeon \u202eevil"}),
+            ),
+        )
+    assert main(["report", "--publish", "--store", str(store)]) == 0
+    table = (project / "docs" / "compatibility.md").read_text()
+    assert not any(c in table for c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
+    assert "evil" in table or "exe.live" in table  # the text stays, only its controls go
