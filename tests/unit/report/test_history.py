@@ -434,3 +434,44 @@ def test_another_workloads_figures_are_filed_as_changed_inputs_never_regressed()
     category, why = history.categorize(entry("r1", 100.0, 64), entry("r2", 10.0, 8))
     assert category == "changed-inputs" and "workload changed" in why
     assert history.categorize(entry("r1", 100.0, 64), entry("r3", 10.0, 64))[0] == "flaky"
+
+
+@pytest.mark.parametrize(
+    ("figure", "message"),
+    [
+        ("NaN", "not three finite numbers"),
+        ('"fast"', "not three finite numbers"),
+        ("[1, 2]", "not three finite numbers"),
+        ("[1, 2, Infinity]", "not three finite numbers"),
+    ],
+)
+def test_a_malformed_figure_in_the_history_is_exit_2_naming_it(project: Path, capsys, figure: str, message: str):
+    """L9: a figure that is NaN, text or two numbers ended every publish (and the docs build) in a traceback."""
+    write_lock(project, {"torch": "2.9.1"})
+    publish(project, "r0", "2026-01-01T00:00:00+00:00", "pass")
+    feed = project / "docs" / "results" / "history.json"
+    text = feed.read_text()
+    data = json.loads(text)
+    data["cells"]["a"]["entries"][0]["figures"] = {"tok_s@1": "PLACEHOLDER"}
+    feed.write_text(json.dumps(data).replace('"PLACEHOLDER"', figure))
+    before = {p: p.read_bytes() for p in (project / "docs").rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert (
+        main(["report", "--publish", "--store", str(_store(project, "r9", "2026-02-01T00:00:00+00:00", "pass"))]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "history.json" in err and "cell 'a': entry 0: figure tok_s@1" in err and message in err
+    assert "Traceback" not in err
+    assert {p: p.read_bytes() for p in (project / "docs").rglob("*") if p.is_file()} == before
+
+
+def test_the_bound_applies_to_a_history_as_it_is_read(tmp_path: Path):
+    """L10: a history with far more entries than the bound is cut to it as it is read."""
+    entries = [{"date": "d", "run_id": f"r{i}", "verdict": "pass", "category": "unchanged"} for i in range(5000)]
+    path = tmp_path / "history.json"
+    path.write_text(json.dumps({"schema": history.SCHEMA, "cells": {"a": {"entries": entries, "dropped": 3}}}))
+    loaded = history.load_history(path)
+    assert loaded is not None
+    cell = loaded["cells"]["a"]
+    assert len(cell["entries"]) == history.MAX_ENTRIES and cell["dropped"] == 3 + 5000 - history.MAX_ENTRIES
+    assert cell["entries"][-1]["run_id"] == "r4999"

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -492,9 +493,44 @@ def load_history(path: Path) -> dict[str, Any] | None:
             raise ValueError(f"{path}: cell {str(cell_id)[:80]!r} has no list of entries")
         if not all(isinstance(e, dict) for e in cell["entries"]):
             raise ValueError(f"{path}: cell {str(cell_id)[:80]!r}: an entry is not a table")
+        problem = _cell_problem(cell)
+        if problem:
+            raise ValueError(f"{path}: cell {str(cell_id)[:80]!r}: {problem}")
+        if len(cell["entries"]) > MAX_ENTRIES:  # the bound holds for what is read, not only for what is added
+            cell["dropped"] = int(cell.get("dropped", 0)) + len(cell["entries"]) - MAX_ENTRIES
+            cell["entries"] = cell["entries"][-MAX_ENTRIES:]
     if not isinstance(data.get("locks", {}), dict) or not isinstance(data.get("publishes", []), list):
         raise ValueError(f"{path}: locks or publishes malformed")
     return data
+
+
+_FIGURE_KEY = re.compile(r"[a-z_]+@[0-9]{1,9}")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _cell_problem(cell: Mapping[str, Any]) -> str | None:
+    """What makes a cell's entries unusable (a hand edit, a crafted file), or None: a figure is three finite
+    numbers under a `<figure>@<level>` key, and counts are whole numbers."""
+    if "dropped" in cell and not _is_count(cell["dropped"]):
+        return f"dropped is {cell['dropped']!r:.40}, not a whole number"
+    for index, entry in enumerate(cell["entries"]):
+        if "repeats" in entry and not _is_count(entry["repeats"]):
+            return f"entry {index}: repeats is {entry['repeats']!r:.40}, not a whole number"
+        found = entry.get("figures", {})
+        if not isinstance(found, dict):
+            return f"entry {index}: figures is not a table"
+        for key, value in found.items():
+            if not isinstance(key, str) or not _FIGURE_KEY.fullmatch(key):
+                return f"entry {index}: figure key {str(key)[:40]!r} is not <figure>@<level>"
+            numbers = value if isinstance(value, list) and len(value) == 3 else None
+            if numbers is None or not all(
+                isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers
+            ):
+                return f"entry {index}: figure {key} is {str(value)[:40]}, not three finite numbers"
+    return None
 
 
 def dumps(history: Mapping[str, Any]) -> str:
