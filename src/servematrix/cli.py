@@ -272,8 +272,8 @@ def no_store_yet(store: Path) -> str:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from servematrix.report.publish import read_record, store_rows
     from servematrix.evidence import apply as apply_evidence
+    from servematrix.report.publish import read_record, store_rows
     from servematrix.report.recommend import recommend, render_text
     from servematrix.report.regressions import published_rows
     from servematrix.store.redact import strip_terminal_controls
@@ -296,7 +296,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([r.to_dict() for r in found], indent=2))
     else:
-        print(strip_terminal_controls(render_text(found, rows, every=args.all)))  # a row's text never drives the terminal
+        print(
+            strip_terminal_controls(render_text(found, rows, every=args.all))
+        )  # a row's text never drives the terminal
         if args.store is None:  # the published rows: the pre-flight's track record, with the recommendation
             from servematrix.report.history.track import published_line
 
