@@ -1,5 +1,6 @@
 """Plumbing that several modules need, written once: atomic file writes, running a program for its output,
-an interrupt that reaches worker threads, the environment uv runs in, and the last lines of a log.
+an interrupt that reaches worker threads, the environment uv runs in, finding a host interpreter, installing
+a lock (or requirements) into a fresh venv, and the last lines of a log.
 
 Standard library only, and nothing from servematrix: any module may import it.
 """
@@ -7,16 +8,19 @@ Standard library only, and nothing from servematrix: any module may import it.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal
 
 # Where a run keeps its store, environments, logs and report preview, relative to the working directory.
 DEFAULT_WORKDIR = Path(".servematrix")
@@ -167,6 +171,104 @@ def uv_env(**extra: str) -> dict[str, str]:
     """This process's environment for running uv, plus `extra`: uv never downloads an interpreter (it would
     spend seconds trying to reach one it may not reach; every interpreter it needs is already here)."""
     return {**os.environ, "UV_PYTHON_DOWNLOADS": "never", **extra}
+
+
+def python_version_of(python: str, *, timeout_s: float | None = 60) -> str:
+    """The X.Y of an interpreter ("" when it does not run); this one's without running it."""
+    if python == sys.executable:
+        return "{}.{}".format(*sys.version_info[:2])
+    probe = run_captured([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout_s=timeout_s)
+    return probe.stdout.strip() if probe.returncode == 0 else ""
+
+
+def find_python(version: str, *, timeout_s: float | None = None) -> str | None:
+    """An interpreter of this X.Y on the host: uv's view of the system, else pyenv's versions; None if none.
+    What the import check, the lock venv and the sglang config pre-flight install into."""
+    found = run_captured(
+        ["uv", "python", "find", "--python-preference", "only-system", version], env=uv_env(), timeout_s=timeout_s
+    )
+    candidates = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
+    candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")))
+    return next((c for c in candidates if python_version_of(c, timeout_s=timeout_s) == version), None)
+
+
+def lock_requirements(lockfile: Path) -> list[str]:
+    """The installer's arguments for a whole lock: exactly its pins, hash-checked, and --no-deps: a lock is
+    the whole environment, crossed pins included, and a pin that overrides the release's own (sglang 0.5.12
+    with flashinfer 0.6.12) would fail a second resolution."""
+    return ["--require-hashes", "--no-deps", "-r", str(lockfile)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VenvInstall:
+    """What `install_venv` did. `failed` is the step that failed (empty when every step ran), `run` that
+    step's result; `install` is the install step's result once it ran (uv's stderr says what it fetched)."""
+
+    python: Path  # the venv's interpreter
+    failed: tuple[str, ...] = ()
+    run: Captured | None = None
+    install: Captured | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def problem(self, words: int = 3) -> str:
+        """What failed, as "`uv pip install` failed: <its last line>" (the step's first `words` words)."""
+        text = self.run.stderr if self.run is not None else ""
+        last = (text.strip().splitlines() or ["(no output)"])[-1]
+        return f"`{' '.join(self.failed[:words])}` failed: {last}"
+
+
+def install_venv(
+    venv: Path,
+    requirements: Sequence[str],
+    *,
+    python: str,
+    env: Mapping[str, str],
+    timeout_s: float | None = None,
+    uv: str = "uv",
+    installer: Literal["uv", "pip"] = "uv",
+    relocatable: bool = False,
+    quiet: bool = False,
+    log: IO[str] | None = None,
+) -> VenvInstall:
+    """Install `requirements` (installer arguments: `lock_requirements(lock)`, or `name==version`, `-c FILE`,
+    ...) into a fresh venv at `venv` made from the interpreter `python`: the one place a lock is installed (the
+    venv backend, the import check, the lock venv, the probe and config pre-flight venvs). Whatever was at
+    `venv` is removed first, and a venv whose step failed is removed again, so none is left half-built.
+
+    `installer` "pip" makes the venv with `python -m venv` and installs with its pip (the probe's fallback);
+    `relocatable` makes scripts find their interpreter relative to themselves (a venv built in a staging
+    folder and renamed into place); `quiet` quiets the install. With `log`, each step is written to it
+    (`$ argv`, then its output as it comes); without, the output is captured into the result."""
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    python_in_venv = venv / "bin" / "python"
+    quieted = ["--quiet"] if quiet else []
+    if installer == "uv":
+        steps = [
+            [uv, "venv", "--quiet", *(["--relocatable"] if relocatable else []), "--python", python, str(venv)],
+            [uv, "pip", "install", *quieted, "--python", str(python_in_venv), *requirements],
+        ]
+    else:
+        pip = ["-m", "pip", "install", *quieted, "--disable-pip-version-check", "--no-input"]
+        steps = [[python, "-m", "venv", str(venv)], [str(python_in_venv), *pip, *requirements]]
+    install = None
+    for step in steps:
+        if log is not None:
+            log.write(f"$ {' '.join(step)}\n")
+            log.flush()
+            done = subprocess.run(step, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False)
+            run = Captured(returncode=done.returncode, stdout="", stderr="")
+        else:
+            run = run_captured(step, env=env, timeout_s=timeout_s)
+        if step is steps[-1]:
+            install = run
+        if run.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            return VenvInstall(python=python_in_venv, failed=tuple(step), run=run, install=install)
+    return VenvInstall(python=python_in_venv, run=install, install=install)
 
 
 def log_tail(path: Path, lines: int, *, max_bytes: int = 65536) -> str:

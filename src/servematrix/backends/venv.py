@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
-from servematrix.util import log_tail, uv_env
+from servematrix.util import install_venv, lock_requirements, log_tail, uv_env
 
 MARKER = "servematrix-env.json"
 
@@ -74,35 +74,19 @@ class VenvBackend(HostProcesses):
                 shutil.rmtree(old, ignore_errors=True)
         target = beside if current.exists() else current
         staging = target.with_name(target.name + ".building")
-        shutil.rmtree(staging, ignore_errors=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         python = staging / "bin" / "python"
-        # A lock is the whole environment, crossed pins included: install exactly it (--no-deps), or a pin
-        # that overrides the release's own (sglang 0.5.12 with flashinfer 0.6.12) fails a second resolution.
-        install = (
-            ["-r", str(request.lockfile), "--require-hashes", "--no-deps"]
-            if request.lockfile
-            else list(request.requirements)
-        )
-        steps = [
-            # --relocatable: scripts find their interpreter relative to themselves, so the staging
-            # directory can be renamed into place.
-            [self.uv, "venv", "--quiet", "--relocatable", "--python", request.python, str(staging)],
-            [self.uv, "pip", "install", "--python", str(python), *install],
-        ]
+        install = lock_requirements(request.lockfile) if request.lockfile else list(request.requirements)
         with log_path.open("w", encoding="utf-8") as log:
-            for step in steps:
-                log.write(f"$ {' '.join(step)}\n")
-                log.flush()
-                done = subprocess.run(step, stdout=log, stderr=subprocess.STDOUT, env=uv_env(), check=False)
-                if done.returncode != 0:
-                    shutil.rmtree(staging, ignore_errors=True)
-                    return Built(
-                        ok=False,
-                        env_id=request.env_id,
-                        excerpt=log_tail(log_path, 25),
-                        seconds=time.monotonic() - started,
-                    )
+            # relocatable: scripts find their interpreter relative to themselves, so the staging directory
+            # can be renamed into place.
+            done = install_venv(
+                staging, install, python=request.python, env=uv_env(), uv=self.uv, relocatable=True, log=log
+            )
+        if not done.ok:
+            return Built(
+                ok=False, env_id=request.env_id, excerpt=log_tail(log_path, 25), seconds=time.monotonic() - started
+            )
         freeze = subprocess.run(
             [self.uv, "pip", "freeze", "--python", str(python)],
             capture_output=True,

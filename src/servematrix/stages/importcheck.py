@@ -14,7 +14,6 @@ removed after the check (uv's cache keeps the wheels, shared by every environmen
 from __future__ import annotations
 
 import functools
-import glob
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ from typing import Literal
 
 from servematrix.classify import classify_text
 from servematrix.engines import Engine
-from servematrix.util import atomic_write, run_captured, uv_env
+from servematrix.util import atomic_write, find_python, install_venv, lock_requirements, run_captured, uv_env
 
 Outcome = Literal["pass", "fail", "inconclusive", "error"]
 RESULT_SCHEMA = 1
@@ -44,20 +43,6 @@ class ImportCheck:
     seconds: float = 0.0
     cached: bool = False
     downloaded: str = ""  # what its install fetched (`downloads`)
-
-
-def find_python(version: str) -> str | None:
-    """An interpreter of this X.Y on the host: uv's view of the system, else pyenv's versions."""
-    found = run_captured(
-        ["uv", "python", "find", "--python-preference", "only-system", version], env=uv_env(), timeout_s=None
-    )
-    candidates = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
-    candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")))
-    for candidate in candidates:
-        probe = run_captured([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout_s=None)
-        if probe.returncode == 0 and probe.stdout.strip() == version:
-            return candidate
-    return None
 
 
 def code_files() -> tuple[Path, ...]:
@@ -149,6 +134,17 @@ def _size_bytes(path: Path | None) -> int | None:
     return int(words[0]) if run.returncode == 0 and words and words[0].isdigit() else None
 
 
+def _install_env(venv: Path) -> tuple[dict[str, str], Path | None]:
+    """The environment a lock is installed in, and uv's cache: every check installs from the one uv cache the
+    host has; its wheels are linked, not copied, when it can (`link_mode`)."""
+    env = uv_env(NO_COLOR="1")
+    env.pop("VIRTUAL_ENV", None)
+    cache = _uv_cache_dir(env)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    env.setdefault("UV_LINK_MODE", link_mode(venv, cache))
+    return env, cache
+
+
 def link_mode(venv: Path, cache: Path | None) -> str:
     """uv links a venv's files from its shared cache when both are on one filesystem, else copies them
     (saying so up front spares uv a failed hardlink and its warning per install)."""
@@ -202,48 +198,28 @@ def import_check(
             atomic_write(result_path, json.dumps(record, indent=1) + "\n")
         return result
 
+    def took_too_long(argv: list[str]) -> ImportCheck:
+        return done("error", "timeout", f"`{' '.join(argv[:3])}` took more than {timeout_s:.0f} s")
+
     python = find_python(python_version)
     if python is None:
         return done("error", "no-python", f"no Python {python_version} on this host for the import check")
     venv = root / "venvs" / key
-    shutil.rmtree(venv, ignore_errors=True)
-    env = uv_env(NO_COLOR="1")
-    env.pop("VIRTUAL_ENV", None)
-    # Every check installs from the one uv cache the host has; its wheels are linked, not copied, when it can.
-    cache = _uv_cache_dir(env)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    env.setdefault("UV_LINK_MODE", link_mode(venv, cache))
-
-    def took_too_long(argv: list[str]) -> ImportCheck:
-        return done("error", "timeout", f"`{' '.join(argv[:3])}` took more than {timeout_s:.0f} s")
-
+    env, cache = _install_env(venv)
     try:
-        for step in (
-            ["uv", "venv", "--quiet", "--python", python, str(venv)],
-            [
-                "uv",
-                "pip",
-                "install",
-                "--python",
-                str(venv / "bin" / "python"),
-                "--require-hashes",
-                "--no-deps",  # the lock is complete; its crossed pins would fail a second resolution
-                "-r",
-                str(lockfile),
-            ],
-        ):
-            before = _size_bytes(cache) if "install" in step else None
-            run = run_captured(step, env=env, timeout_s=timeout_s)
-            if run.timed_out:
-                return took_too_long(step)
-            if "install" in step:
-                after = _size_bytes(cache) if before is not None else None
-                fetched = downloads(run.stderr, after - before if after is not None and before is not None else None)
-            if run.returncode != 0:
-                last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
-                return done("error", "install", f"`{' '.join(step[:3])}` failed: {last}", run.stderr)
+        before = _size_bytes(cache)
+        installed = install_venv(venv, lock_requirements(lockfile), python=python, env=env, timeout_s=timeout_s)
+        if installed.run is not None and installed.run.timed_out:
+            return took_too_long(list(installed.failed))
+        if installed.install is not None:
+            after = _size_bytes(cache) if before is not None else None
+            grown = after - before if after is not None and before is not None else None
+            fetched = downloads(installed.install.stderr, grown)
+        if not installed.ok:
+            assert installed.run is not None
+            return done("error", "install", installed.problem(), installed.run.stderr)
         check = engine.import_check
-        python_in_venv = str(venv / "bin" / "python")
+        python_in_venv = str(installed.python)
         commands = [[python_in_venv, "-c", f"import {module}"] for module in check.modules]
         if check.help:
             commands.append([python_in_venv if a in ("python", "python3") else a for a in check.help])
@@ -285,33 +261,15 @@ class LockVenv:
         if base is None:
             self.error = f"no Python {self.python_version} on this host"
             return None
-        shutil.rmtree(self.venv, ignore_errors=True)
-        env = uv_env(NO_COLOR="1")
-        env.pop("VIRTUAL_ENV", None)
-        self.venv.parent.mkdir(parents=True, exist_ok=True)
-        env.setdefault("UV_LINK_MODE", link_mode(self.venv, _uv_cache_dir(env)))
-        python = self.venv / "bin" / "python"
-        for step in (
-            ["uv", "venv", "--quiet", "--python", base, str(self.venv)],
-            [
-                "uv",
-                "pip",
-                "install",
-                "--quiet",
-                "--python",
-                str(python),
-                "--require-hashes",
-                "--no-deps",
-                "-r",
-                str(self.lockfile),
-            ],
-        ):
-            run = run_captured(step, env=env, timeout_s=self.timeout_s)
-            if run.timed_out or run.returncode != 0:
-                last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
-                self.error = f"`{' '.join(step[:3])}` failed: {last}"
-                self.close()
-                return None
+        env, _ = _install_env(self.venv)
+        installed = install_venv(
+            self.venv, lock_requirements(self.lockfile), python=base, env=env, timeout_s=self.timeout_s, quiet=True
+        )
+        if not installed.ok:
+            self.error = installed.problem()
+            self.close()
+            return None
+        python = installed.python
         self._python = python
         return python
 

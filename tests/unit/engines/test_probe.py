@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from servematrix import util
 from servematrix.engines.sglang import flagsurface
 from servematrix.engines.sglang import traceprobe as probe
 from servematrix.engines.sglang.flagsurface import flag_check
@@ -311,7 +312,7 @@ def test_venv_is_built_once_with_the_pair(tmp_path, monkeypatch, installer):
         python.touch()
         return Captured(returncode=0, stdout="", stderr="")
 
-    monkeypatch.setattr(probe, "run_captured", run)
+    monkeypatch.setattr(util, "run_captured", run)  # the venv is built by util.install_venv
     for _ in range(2):
         python = probe._ensure_env(
             tmp_path / "env", torch_version="2.13.0", flashinfer_version="0.6.3", data=probe._data()
@@ -336,7 +337,7 @@ def test_a_failed_install_leaves_no_half_built_venv(tmp_path, monkeypatch):
             stderr="ERROR: No matching distribution found for torch==0.0",
         )
 
-    monkeypatch.setattr(probe, "run_captured", run)
+    monkeypatch.setattr(util, "run_captured", run)  # the venv is built by util.install_venv
     with pytest.raises(probe._EnvError, match="No matching distribution"):
         probe._ensure_env(tmp_path / "env", torch_version="0.0", flashinfer_version="0.6.3", data=probe._data())
     assert not (tmp_path / "env").exists()

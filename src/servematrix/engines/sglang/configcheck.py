@@ -28,7 +28,6 @@ config files), so a matrix pays for each once. What is read from the wheel is `w
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
@@ -47,7 +46,7 @@ from servematrix.engines.sglang import traceprobe
 from servematrix.engines.sglang.wheelfacts import MODELS, REGISTRY, ConfigCheckError, env_warnings, wheel_facts
 from servematrix.formats.lockfile import DEFAULT_PLATFORM, DEFAULT_PYTHON_VERSION
 from servematrix.formats.verdict import Verdict
-from servematrix.util import atomic_write, run_captured, uv_env
+from servematrix.util import atomic_write, find_python, python_version_of, run_captured, uv_env
 
 SCRIPT_VERSION = 1  # of the transformers answer: bump when the script or its reading changes
 CLASS = "model-unsupported"
@@ -229,25 +228,11 @@ _interpreters: dict[str, str] = {}
 
 
 def find_interpreter(version: str) -> str:
-    """An interpreter of the cell's Python X.Y (uv's view of the system, else pyenv's versions, as the import
-    check finds one), else this one: transformers reads a config alike on any Python it installs on."""
-    if version in _interpreters:
-        return _interpreters[version]
-    found = run_captured(
-        ["uv", "python", "find", "--python-preference", "only-system", version], env=uv_env(), timeout_s=60
-    )
-    candidates = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
-    candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}*/bin/python{version}")))
-    chosen = next((c for c in candidates if python_version_of(c) == version), sys.executable)
-    _interpreters[version] = chosen
-    return chosen
-
-
-def python_version_of(python: str) -> str:
-    if python == sys.executable:
-        return "{}.{}".format(*sys.version_info[:2])
-    probe = run_captured([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout_s=60)
-    return probe.stdout.strip() if probe.returncode == 0 else ""
+    """An interpreter of the cell's Python X.Y (`util.find_python`, as the import check finds one), else this
+    one: transformers reads a config alike on any Python it installs on."""
+    if version not in _interpreters:
+        _interpreters[version] = find_python(version, timeout_s=60) or sys.executable
+    return _interpreters[version]
 
 
 # ----------------------------------------------------------------------------------------- the pre-flight

@@ -39,7 +39,7 @@ from pydantic import AfterValidator, Field
 
 from servematrix.formats import tomlsource
 from servematrix.formats.tomlsource import DataTable
-from servematrix.util import atomic_write, run_captured, uv_env
+from servematrix.util import atomic_write, install_venv, run_captured, uv_env
 
 __all__ = [
     "ENTRIES",
@@ -442,33 +442,26 @@ def ensure_venv(
             return python_in_venv
         shutil.rmtree(env_dir, ignore_errors=True)
         installer = _installer()
+        uv = "uv"
         if installer == "uv":
-            uv = shutil.which("uv")
-            if uv is None:
+            found = shutil.which("uv")
+            if found is None:
                 raise _EnvError(f"uv not found; install it or set {INSTALLER_ENV}=pip")
-            steps = [
-                [uv, "venv", "--quiet", "--python", base, str(env_dir)],
-                [uv, "pip", "install", "--quiet", "--python", str(python_in_venv), *packages],
-            ]
-        else:
-            steps = [
-                [base, "-m", "venv", str(env_dir)],
-                [
-                    str(python_in_venv),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    *packages,
-                ],
-            ]
-        for step in steps:
-            run = run_captured(step, timeout_s=timeout_s, env=_install_env())
-            if run.returncode != 0:
-                shutil.rmtree(env_dir, ignore_errors=True)
-                raise _EnvError(f"{what}: `{' '.join(step[:4])} ...` failed: {_tail(run.stderr or run.stdout)}")
+            uv = found
+        done = install_venv(
+            env_dir,
+            packages,
+            python=base,
+            env=_install_env(),
+            timeout_s=timeout_s,
+            uv=uv,
+            installer="pip" if installer == "pip" else "uv",
+            quiet=True,
+        )
+        if not done.ok:
+            assert done.run is not None
+            failed = " ".join(done.failed[:4])
+            raise _EnvError(f"{what}: `{failed} ...` failed: {_tail(done.run.stderr or done.run.stdout)}")
         marker.write_text(json.dumps({"installer": installer, "packages": packages}, indent=1) + "\n")
     return python_in_venv
 
