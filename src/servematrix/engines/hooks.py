@@ -12,6 +12,10 @@ the hooks in `HOOKSPECS`, by these attribute names, with these signatures:
 - `probe_entry(inp, entry, *, needs_gpu) -> (Verdict, cached)`: the probe stage of `servematrix bisect
   --probe-entry ENTRY`, one named probe of a cell; `bisect` refuses `--probe-entry` for an engine without it.
 
+Each `HookSpec` decides, rather than describes: its `firstresult` is how `multicall` combines the answers of
+the hooks it calls (the runner's pre-flights go through it), and its `protocol` is the signature
+`engines/plugins.py` checks every implementation against (its parameter names) when the engine loads.
+
 This module imports only types, so any module may import it without loading an engine or the cells. The data
 loader (`engines/__init__.py`) never imports a hooks module: `engines/plugins.py` does, and checks the data's
 names against this contract when a plan is made.
@@ -19,10 +23,10 @@ names against this contract when a plan is made.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from servematrix.engines import Engine
@@ -85,8 +89,9 @@ class HookSpec:
     """One hook of the contract: the attribute a hooks module defines it as, and how its answers combine."""
 
     attribute: str
-    firstresult: bool  # the first answer that is not None wins, and later ones are not asked
+    firstresult: bool  # the first answer that is not None wins, and later ones are not asked (`multicall`)
     mapping: bool  # a Mapping of names (the data's) to callables, rather than one callable
+    protocol: type  # the signature each implementation must have (its `__call__`, checked by parameter name)
     doc: str
 
 
@@ -95,18 +100,21 @@ HOOKSPECS = (
         attribute="PREFLIGHTS",
         firstresult=True,
         mapping=True,
+        protocol=Preflight,
         doc="CPU pre-flights by the names the engine data's `preflight` lists, run in that order",
     ),
     HookSpec(
         attribute="preamble",
         firstresult=False,
         mapping=False,
+        protocol=Preamble,
         doc="what a run says before it starts about the pre-flights' cost",
     ),
     HookSpec(
         attribute="probe_entry",
         firstresult=False,
         mapping=False,
+        protocol=ProbeEntry,
         doc="the probe stage of `bisect --probe-entry ENTRY`: one named probe of a cell",
     ),
 )
@@ -119,3 +127,26 @@ class Hooks:
     preflights: Mapping[str, Preflight] = field(default_factory=dict)
     preamble: Preamble | None = None
     probe_entry: ProbeEntry | None = None
+
+
+def spec(attribute: str) -> HookSpec:
+    """The HookSpec of `attribute`."""
+    return next(found for found in HOOKSPECS if found.attribute == attribute)
+
+
+Answer = TypeVar("Answer")
+
+
+def multicall(hookspec: HookSpec, calls: Iterable[Callable[[], Answer | None]]) -> list[Answer]:
+    """Call each of `calls` (a hook bound to its arguments), in order, as `hookspec` says its answers combine
+    (pluggy's `_multicall`): the answers that are not None, in order; under `firstresult` the first one
+    alone, and the calls after it are not made."""
+    answers: list[Answer] = []
+    for call in calls:
+        answer = call()
+        if answer is None:
+            continue
+        answers.append(answer)
+        if hookspec.firstresult:
+            break
+    return answers

@@ -22,7 +22,8 @@ from rich.console import Console
 
 from servematrix.backends import Backend, Built
 from servematrix.config.spec import model_config_dir
-from servematrix.engines.hooks import Hooks, PreflightInput, PreflightUnavailable
+from servematrix.engines.hooks import Hooks, Preflight, PreflightInput, PreflightUnavailable, multicall
+from servematrix.engines.hooks import spec as hookspec
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.formats import verdict
@@ -519,11 +520,12 @@ class _Runner:
         started = time.monotonic()
         kept = run.replay.kept if run is not None and run.replay is not None else {}
         outcomes = run.outcomes if run is not None else {}
-        try:
-            for name in engine.preflight:
-                check = self._hooks.preflights.get(name)
-                if check is None:
-                    continue  # a generic pre-flight (the import check) runs as its own stage
+
+        def bound(name: str, check: Preflight) -> Callable[[], Verdict | None]:
+            """The pre-flight `name` of this cell, as `multicall` calls it: its verdict, or None to let the next
+            one run (nothing to say, cannot run here, or a pass whose evidence is kept)."""
+
+            def call() -> Verdict | None:
                 result: Verdict | None
                 if name in kept:  # its key is today's: its published outcome, without running it (reuse.py)
                     result = kept[name].verdict or Verdict(kind="pass", evidence=kept[name].evidence)
@@ -533,15 +535,23 @@ class _Runner:
                     except PreflightUnavailable as exc:
                         self._say_unavailable(name, cell, str(exc))
                         outcomes[name] = (None, (str(exc),), "unavailable")
-                        continue
+                        return None
                 outcomes[name] = (result, (), "")
                 if result is not None and result.kind == "pass":
-                    passed += result.evidence
-                elif result is not None:
-                    return result, tuple(passed)
+                    passed.extend(result.evidence)
+                    return None
+                return result
+
+            return call
+
+        # A generic pre-flight (the import check) has no hook: it runs as its own stage.
+        checks = [(name, self._hooks.preflights.get(name)) for name in engine.preflight]
+        try:
+            # The spec's `firstresult` decides: the first verdict ends the cell, the rest are not called.
+            verdicts = multicall(hookspec("PREFLIGHTS"), [bound(name, check) for name, check in checks if check])
         finally:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
-        return None, tuple(passed)
+        return (verdicts[0] if verdicts else None), tuple(passed)
 
     def _served_here(self, state: _EnvState) -> bool:
         return gpu_ready(state.env) and state.built is not None and state.built.ok

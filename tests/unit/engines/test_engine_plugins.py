@@ -4,6 +4,7 @@ implements is bad input at its line."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -16,7 +17,8 @@ from rich.console import Console
 
 from servematrix.cli import main
 from servematrix.engines import ENGINES_PATH_ENV, available_engines, load_engine
-from servematrix.engines.plugins import hooks_of
+from servematrix.engines.hooks import HOOKSPECS, HookSpec, multicall, spec
+from servematrix.engines.plugins import hooks_of, signature_problem
 from servematrix.errors import InputError
 from servematrix.planning.plan import make_plan
 from servematrix.run.pipeline import run_plan
@@ -136,6 +138,61 @@ def test_a_hooks_module_against_the_contract_is_bad_input_at_its_hooks_line(monk
     with pytest.raises(InputError) as caught:
         make_plan(_matrix(tmp_path, engine="shape"))
     assert caught.value.location.key == "hooks" and "PREFLIGHTS must map names to functions" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("module", "problem"),
+    [
+        # The runner passes the cell's PreflightInput: a hook written for a cell would be handed the wrong thing.
+        (
+            "def limit(cell):\n    return None\nPREFLIGHTS = {'context-limit': limit}\n",
+            "hook PREFLIGHTS['context-limit']",
+        ),
+        ("def limit(inp, budget):\n    return None\nPREFLIGHTS = {'context-limit': limit}\n", "'budget' is not in"),
+        ("def probe_entry(inp, entry):\n    return None\nPREFLIGHTS = {}\n", "keyword parameter 'needs_gpu'"),
+        ("def preamble(cells, engine):\n    return []\nPREFLIGHTS = {}\n", "parameter 'cache_dir' of Preamble"),
+    ],
+)
+def test_a_hook_whose_signature_is_not_its_specs_is_bad_input_naming_engine_hook_and_parameter(
+    monkeypatch, tmp_path, module, problem
+):
+    (tmp_path / "planted_hooks.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "planted_hooks", raising=False)
+    text = (TOY_ENGINES / "toyserve.toml").read_text().replace("tests.fakes.toy_engine", "planted_hooks")
+    text = text.replace('preflight = ["context-limit"]', "preflight = []")
+    (tmp_path / "planted.toml").write_text(text.replace('name = "toyserve"', 'name = "planted"'))
+    monkeypatch.setenv(ENGINES_PATH_ENV, str(tmp_path))
+    with pytest.raises(InputError) as caught:
+        hooks_of(load_engine("planted"))
+    message = str(caught.value)
+    assert caught.value.location.key == "hooks" and "engine planted" in message and problem in message, message
+
+
+def test_hooks_with_the_specs_names_pass_the_check():
+    def preflight(inp, extra=None): ...
+    def entry(inp, entry, needs_gpu): ...  # a keyword parameter may also be positional
+    def anything(*args, **kwargs): ...
+
+    spec = {s.attribute: s for s in HOOKSPECS}
+    assert signature_problem(spec["PREFLIGHTS"], preflight) is None
+    assert signature_problem(spec["probe_entry"], entry) is None
+    assert all(signature_problem(s, anything) is None for s in HOOKSPECS)
+    assert "'inp'" in (signature_problem(spec["PREFLIGHTS"], lambda: None) or "")
+
+
+def test_firstresult_decides_how_answers_combine():
+    called: list[int] = []
+
+    def answer(n: int, value: str | None):
+        return lambda: called.append(n) or value
+
+    calls = [answer(1, None), answer(2, "b"), answer(3, "c")]
+    first = HookSpec(attribute="x", firstresult=True, mapping=False, protocol=object, doc="")
+    assert multicall(first, calls) == ["b"] and called == [1, 2]  # the third is not called
+    called.clear()
+    assert multicall(dataclasses.replace(first, firstresult=False), calls) == ["b", "c"] and called == [1, 2, 3]
+    assert spec("PREFLIGHTS").firstresult  # the runner's pre-flights: the first verdict ends the cell
 
 
 def test_engine_data_must_be_named_for_its_file(monkeypatch, tmp_path):
