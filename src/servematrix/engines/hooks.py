@@ -129,7 +129,7 @@ class Hooks:
     probe_entry: ProbeEntry | None = None
 
 
-def spec(attribute: str) -> HookSpec:
+def hookspec(attribute: str) -> HookSpec:
     """The HookSpec of `attribute`."""
     return next(found for found in HOOKSPECS if found.attribute == attribute)
 

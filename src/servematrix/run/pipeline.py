@@ -22,8 +22,7 @@ from rich.console import Console
 
 from servematrix.backends import Backend, Built
 from servematrix.config.spec import model_config_dir
-from servematrix.engines.hooks import Hooks, Preflight, PreflightInput, PreflightUnavailable, multicall
-from servematrix.engines.hooks import spec as hookspec
+from servematrix.engines.hooks import Hooks, Preflight, PreflightInput, PreflightUnavailable, hookspec, multicall
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.formats import verdict
@@ -503,10 +502,10 @@ class _Runner:
     def _probe(
         self, state: _EnvState, cell: Cell, run: _CellRun | None = None
     ) -> tuple[Verdict | None, tuple[str, ...]]:
-        """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure,
-        an untraceable FP4 path predicts one) ends the cell. One that cannot run here predicts nothing. A
-        pre-flight that passes with evidence (a `pass` verdict: "the FP4 path traces") adds it to what the
-        cell shows; the evidence of those is returned beside the verdict."""
+        """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure, an
+        untraceable FP4 path predicts one) ends the cell, as the spec's firstresult says (`multicall`). One that
+        cannot run here predicts nothing. One that passes with evidence (a `pass` verdict: "the FP4 path
+        traces") adds it to what the cell shows; the evidence of those is returned beside the verdict."""
         passed: list[str] = []
         engine = self.plan.spec.engine
         preflight = PreflightInput(
@@ -521,34 +520,25 @@ class _Runner:
         kept = run.replay.kept if run is not None and run.replay is not None else {}
         outcomes = run.outcomes if run is not None else {}
 
-        def bound(name: str, check: Preflight) -> Callable[[], Verdict | None]:
-            """The pre-flight `name` of this cell, as `multicall` calls it: its verdict, or None to let the next
-            one run (nothing to say, cannot run here, or a pass whose evidence is kept)."""
-
-            def call() -> Verdict | None:
-                result: Verdict | None
-                if name in kept:  # its key is today's: its published outcome, without running it (reuse.py)
-                    result = kept[name].verdict or Verdict(kind="pass", evidence=kept[name].evidence)
-                else:
-                    try:
-                        result = check(preflight)
-                    except PreflightUnavailable as exc:
-                        self._say_unavailable(name, cell, str(exc))
-                        outcomes[name] = (None, (str(exc),), "unavailable")
-                        return None
-                outcomes[name] = (result, (), "")
-                if result is not None and result.kind == "pass":
-                    passed.extend(result.evidence)
+        def call(name: str, check: Preflight) -> Verdict | None:
+            """One pre-flight: its verdict, or None to let the next one run (a pass's evidence is kept)."""
+            result: Verdict | None
+            if name in kept:  # its key is today's: its published outcome, without running it (reuse.py)
+                result = kept[name].verdict or Verdict(kind="pass", evidence=kept[name].evidence)
+            else:
+                try:
+                    result = check(preflight)
+                except PreflightUnavailable as exc:
+                    self._say_unavailable(name, cell, str(exc))
+                    outcomes[name] = (None, (str(exc),), "unavailable")
                     return None
-                return result
+            outcomes[name] = (result, (), "")
+            passed.extend(result.evidence if result is not None and result.kind == "pass" else ())
+            return None if result is None or result.kind == "pass" else result
 
-            return call
-
-        # A generic pre-flight (the import check) has no hook: it runs as its own stage.
-        checks = [(name, self._hooks.preflights.get(name)) for name in engine.preflight]
+        checks = [(name, self._hooks.preflights.get(name)) for name in engine.preflight]  # import: no hook, a stage
         try:
-            # The spec's `firstresult` decides: the first verdict ends the cell, the rest are not called.
-            verdicts = multicall(hookspec("PREFLIGHTS"), [bound(name, check) for name, check in checks if check])
+            verdicts = multicall(hookspec("PREFLIGHTS"), [functools.partial(call, n, c) for n, c in checks if c])
         finally:
             state.stage_seconds["probe"] = round(time.monotonic() - started, 3)
         return (verdicts[0] if verdicts else None), tuple(passed)

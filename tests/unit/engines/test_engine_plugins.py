@@ -17,7 +17,7 @@ from rich.console import Console
 
 from servematrix.cli import main
 from servematrix.engines import ENGINES_PATH_ENV, available_engines, load_engine
-from servematrix.engines.hooks import HOOKSPECS, HookSpec, multicall, spec
+from servematrix.engines.hooks import HOOKSPECS, HookSpec, hookspec, multicall
 from servematrix.engines.plugins import hooks_of, signature_problem
 from servematrix.errors import InputError
 from servematrix.planning.plan import make_plan
@@ -192,7 +192,7 @@ def test_firstresult_decides_how_answers_combine():
     assert multicall(first, calls) == ["b"] and called == [1, 2]  # the third is not called
     called.clear()
     assert multicall(dataclasses.replace(first, firstresult=False), calls) == ["b", "c"] and called == [1, 2, 3]
-    assert spec("PREFLIGHTS").firstresult  # the runner's pre-flights: the first verdict ends the cell
+    assert hookspec("PREFLIGHTS").firstresult  # the runner's pre-flights: the first verdict ends the cell
 
 
 def test_engine_data_must_be_named_for_its_file(monkeypatch, tmp_path):
