@@ -2,9 +2,11 @@
 may come from any merged store, and mkdocs passes raw HTML in Markdown through to the site, so no field
 may reach a page as markup.
 
-- `text(value)`: a field as plain text anywhere in a page, table cells included. The characters that
-  start markup or end a table cell become numeric character references, which every Markdown renderer
-  shows as the character itself.
+- `text(value)`: a field as plain text anywhere in a page, table cells included, escaped for Markdown, so the
+  Markdown source reads as the text it is: the characters that start markup or end a table cell are
+  backslash-escaped (the escapes CommonMark and Python-Markdown share); `<` and `&` become `&lt;` and `&amp;`
+  only where they could open a tag, an autolink or a reference (Python-Markdown has no backslash escape for
+  them); `~` (GitHub's strikethrough, which Python-Markdown cannot escape) stays a numeric reference.
 - `code(value)`: a field as inline code. A plain code span when that is safe (no backtick to end it, no
   pipe for a GitHub table to split on); otherwise an HTML `<code>` element with every special character
   written as a reference.
@@ -23,12 +25,23 @@ from urllib.parse import quote
 # which md_in_html also reads), [ ] (links, images), \ and ` (escapes, code), | (ends a table cell), * ~
 # (emphasis, which attr_list can then give attributes), { } = " ' (attr_list's `{: onmouseover="..."}`
 # and toc's `{#id}`), # (headings). `_` stays: it is in every path and name, Python-Markdown emphasises
-# it only between word boundaries, and with `{` escaped no attribute can follow it. Every ASCII character outside letters, digits and `_SAFE` is written as a
-# numeric reference: Python-Markdown stashes references before attr_list looks at the text, and shows them
+# it only between word boundaries, and with `{` escaped no attribute can follow it. In code (`code`), every ASCII
+# character outside letters, digits and `_SAFE` is written as a numeric reference: Python-Markdown stashes references before attr_list looks at the text, and shows them
 # as the character itself. Allowing a short list, not refusing a known one, keeps a new extension safe.
 _SAFE = " .,:;/()+-@%?!$_"
-_TEXT_SPECIALS = {chr(c): f"&#{c};" for c in range(0x21, 0x7F) if not chr(c).isalnum() and chr(c) not in _SAFE}
-_CODE_SPECIALS = _TEXT_SPECIALS
+_CODE_SPECIALS = {chr(c): f"&#{c};" for c in range(0x21, 0x7F) if not chr(c).isalnum() and chr(c) not in _SAFE}
+# Markdown text (`text`): the same characters, written as Markdown escapes them. `\` escapes only what both
+# CommonMark and Python-Markdown (with the tables extension, for `|`) unescape; `{` escaped is never attr_list's
+# (Python-Markdown's escapes are placeholders until after attr_list and toc ran), so `" ' =` and `^` open nothing
+# and stay as they are, as the text a reader reads. No field is written inside an HTML attribute.
+_PLAIN = "\"'=^"
+_BACKSLASHED = "\\`*[]{}#>|"
+_TEXT_SPECIALS = {
+    c: "\\" + c if c in _BACKSLASHED else ref for c, ref in _CODE_SPECIALS.items() if c not in _PLAIN + "<&"
+}
+# `<` may open a tag, a comment or an autolink (`<1@x>`), `&` a character reference, unless a space follows
+# (at the end of a field, the next field may follow it: escaped).
+_CONTEXTUAL = re.compile(r"[<&](?! )")
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -46,7 +59,8 @@ def _one_line(value: object) -> str:
 def text(value: object) -> Markdown:
     if isinstance(value, Markdown):
         return value
-    return Markdown("".join(_TEXT_SPECIALS.get(c, c) for c in _one_line(value)))
+    line = _CONTEXTUAL.sub(lambda m: "&lt;" if m.group() == "<" else "&amp;", _one_line(value))
+    return Markdown("".join(_TEXT_SPECIALS.get(c, c) for c in line))
 
 
 def code(value: object) -> Markdown:

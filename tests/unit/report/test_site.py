@@ -761,7 +761,7 @@ def test_a_published_cell_its_matrix_no_longer_plans_is_reproduced_by_its_id_now
     text = result.markdown.read_text()
     details = {line.split("`")[1]: line for line in text.split("\n- ")[1:] if line.startswith("`")}
     assert f"--select id={now.id} --backend existing --rerun`" in details[stale["cell_id"]]
-    assert "has changed this cell&#39;s definition since it ran" in details[stale["cell_id"]]
+    assert "has changed this cell's definition since it ran" in details[stale["cell_id"]]
     assert f"it is {now.id} now" in details[stale["cell_id"]]
     assert "--select id=1057a0000000" in details[lost["cell_id"]]
     assert "no longer has a cell with these axes and mode" in details[lost["cell_id"]]
