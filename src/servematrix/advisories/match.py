@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,9 +172,9 @@ def facts_for(plan: Plan, cell: Cell, lock_dir: Path) -> CellFacts:
     architectures from the matrix's `[model] config_dir` (or a local model folder)."""
     spec = plan.spec
     engine = spec.engine
-    lock = lock_dir / f"{cell.env_id}.lock.txt"
-    if lock.is_file():
-        packages = parse_pins(lock.read_text(encoding="utf-8"))
+    pins = lock_pins(lock_dir / f"{cell.env_id}.lock.txt")
+    if pins is not None:
+        packages = dict(pins)
         locked = True
     else:
         packages = {}
@@ -193,6 +194,24 @@ def facts_for(plan: Plan, cell: Cell, lock_dir: Path) -> CellFacts:
         env=MappingProxyType(dict(cell.server_env)),
         locked=locked,
     )
+
+
+def lock_pins(lock: Path) -> Mapping[str, str] | None:
+    """A lock file's pins, or None where there is no such file. Read once per (path, mtime, size): a report asks
+    for one lock per cell, and the cells of an environment share it."""
+    try:
+        found = lock.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        return None
+    return _parsed_lock(str(lock), found.st_mtime_ns, found.st_size)
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed_lock(path: str, mtime_ns: int, size: int) -> Mapping[str, str]:
+    del mtime_ns, size  # the key: a lock rewritten in place is read again
+    return MappingProxyType(parse_pins(Path(path).read_text(encoding="utf-8")))
 
 
 @functools.cache

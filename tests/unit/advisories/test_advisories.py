@@ -261,6 +261,34 @@ def test_facts_of_a_product_cell_come_from_its_lock_and_the_model_config():
     assert found.architectures == GLM and found.gpu_arch == "sm_100" and found.sglang == "0.5.12"
 
 
+def test_a_lock_is_read_once_per_version_of_the_file(tmp_path, monkeypatch):
+    """`facts_for` asks for one lock per cell and the cells of an environment share it: parsed once for each
+    (path, mtime, size), and again when the file changes; the facts are the same either way."""
+    import importlib
+
+    matching = importlib.import_module("servematrix.advisories.match")  # the module: the package exports `match`
+
+    plan = make_plan(MATRIX / "glm5-nvfp4.toml", ["sglang=0.5.12", "gpu=b200", "flashinfer=pinned"])
+    cells = [c for c in plan.cells if c.env.axes.get("resolution") == "today"]
+    assert len({c.env_id for c in cells}) == 1 and len(cells) > 1  # one environment, several modes
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    lock = locks / f"{cells[0].env_id}.lock.txt"
+    shutil.copy(MATRIX / "locks" / lock.name, lock)
+    parsed: list[str] = []
+    real = matching.parse_pins
+    monkeypatch.setattr(matching, "parse_pins", lambda body: parsed.append(body) or real(body))
+    matching._parsed_lock.cache_clear()
+    first = [facts_for(plan, cell, locks) for cell in cells]
+    assert len(parsed) == 1 and all(f.locked and f.packages == first[0].packages for f in first)
+    assert first[0].packages["flashinfer-python"] == "0.6.11.post1"
+    lock.write_text(lock.read_text().replace("flashinfer-python==0.6.11.post1", "flashinfer-python==0.6.11.post12"))
+    again = facts_for(plan, cells[0], locks)
+    assert len(parsed) == 2 and again.packages["flashinfer-python"] == "0.6.11.post12"
+    lock.unlink()
+    assert not facts_for(plan, cells[0], locks).locked  # no lock: the axes' pins, not a stale read
+
+
 def test_the_table_without_a_matrix_lists_the_advisories(capsys):
     assert cli.main(["advisories"]) == 0
     out = capsys.readouterr().out
