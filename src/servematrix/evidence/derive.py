@@ -9,7 +9,9 @@ config), in the same mode:
   carried (`carry.judge`) and predicts `predicted-fail:<class>`, or, refused, marks the cell at risk;
 - of a release the cell's matrix does not hold: a `nearby` piece on the nearest releases it does hold in that
   mode (the one below and the one above): a pass supports, a failure marks at risk, and the piece says the
-  cell's own release is not yet observed.
+  cell's own release is not yet observed. Only while it is not: once a GPU (of any kind) observed the cell's
+  own release in that mode, for the same architecture, that observation speaks instead and no nearby piece
+  is added.
 An advisory (`servematrix.advisories`) that matches a cell predicts `predicted-fail:<class>` citing it; one
 whose condition may or may not hold marks the cell at risk.
 
@@ -52,6 +54,8 @@ def derive(rows: Sequence[Row], *, advise: Advise | None = None, rules: Rules | 
     pieces: dict[str, list[Piece]] = {r["cell_id"]: [] for r in rows}
     observed = [r for r in rows if is_observed(r)]
     held = _releases_held(rows)
+    # (architecture, engine, mode, release) a GPU observed: a release observed in a mode needs no nearby note
+    seen = {(architecture(str(r["matrix"])), r.get("engine"), r["mode"], release_of(r)) for r in observed}
     for source in observed:
         arch = architecture(str(source["matrix"]))
         if not arch:
@@ -68,8 +72,10 @@ def derive(rows: Sequence[Row], *, advise: Advise | None = None, rules: Rules | 
             mine = release_of(target)
             if mine == release:
                 pieces[target["cell_id"]].append(_sibling(source, target, rules))
-            elif release not in held.get(str(target["matrix"]), {}).get(target["mode"], ()) and mine in _nearest(
-                release, held.get(str(target["matrix"]), {}).get(target["mode"], ())
+            elif (
+                (arch, target.get("engine"), target["mode"], mine) not in seen
+                and release not in held.get(str(target["matrix"]), {}).get(target["mode"], ())
+                and mine in _nearest(release, held.get(str(target["matrix"]), {}).get(target["mode"], ()))
             ):
                 pieces[target["cell_id"]].append(_nearby(source, target))
     not_applicable = {r["cell_id"] for r in rows if str(r.get("verdict") or "") == NOT_APPLICABLE}
@@ -127,7 +133,26 @@ def release_of(row: Row) -> str:
 
 
 def gpu_label(row: Row) -> str:
-    return str(row["axes"].get("gpu", "")).upper()
+    """The GPU kind of a row as a reader knows it (`gpu_name`)."""
+    return gpu_name(str(row.get("matrix") or ""), str(row["axes"].get("gpu", "")))
+
+
+@functools.cache
+def gpu_name(matrix: str, kind: str) -> str:
+    """A GPU kind's card: its `sku` in the matrix (`[gpu.<kind>] sku`, "NVIDIA RTX PRO 6000 Blackwell"), with
+    `×<count>` where another kind of the matrix names the same card (`h200` and `h200x2`); the kind's name where
+    the matrix names no card or cannot be read here."""
+    try:
+        kinds = tomllib.loads(Path(matrix).read_text(encoding="utf-8")).get("gpu") or {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return kind
+    mine = kinds.get(kind) if isinstance(kinds, dict) else None
+    if not isinstance(mine, dict) or not isinstance(mine.get("sku"), str) or not mine["sku"].strip():
+        return kind
+    sku = mine["sku"]
+    shared = [k for k, v in kinds.items() if k != kind and isinstance(v, dict) and v.get("sku") == sku]
+    count = mine.get("count")
+    return f"{sku} ×{count}" if shared and isinstance(count, int) and count > 1 else sku
 
 
 @functools.cache

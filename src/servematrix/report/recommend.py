@@ -25,7 +25,7 @@ from typing import Any
 
 from servematrix.engines import load_engine
 from servematrix.evidence import apply as apply_evidence
-from servematrix.evidence.derive import pieces_of, release_of
+from servematrix.evidence.derive import gpu_label, gpu_name, pieces_of, release_of
 from servematrix.evidence.model import Piece
 from servematrix.formats.lockfile import parse_pins
 from servematrix.report.rows import comparison, deciding_evidence, speedup_text, tok_s, ttft_ms, version_key
@@ -339,7 +339,7 @@ def _reach(row: Row) -> str:
 
 
 def _rests_on(stack: Stack, row: Row, pieces: Sequence[Piece]) -> str:
-    gpu = str(row["axes"].get("gpu", "")).upper()
+    gpu = gpu_label(row)
     parts = []
     if stack.tier == 0:
         figure = f"{stack.tok_s:,.0f} decode tok/s @{stack.concurrency}" if stack.tok_s is not None else "no figures"
@@ -347,20 +347,22 @@ def _rests_on(stack: Stack, row: Row, pieces: Sequence[Piece]) -> str:
         parts.append(f"served on {gpu}: {figure}" + (f"; {checked}" if checked else ""))
     for piece in pieces:
         if piece.stance == "supports" and piece.kind == "sibling":
-            parts.append(f"{row['mode']} served on {piece.gpu.upper()} with {piece.release} (cell {piece.source})")
+            card = gpu_name(piece.matrix, piece.gpu)
+            parts.append(f"{row['mode']} served on {card} with {piece.release} (cell {piece.source})")
     if stack.tier >= 2 or stack.tier == 1:
         reach = _reach(row)
         parts.append(f"load pre-flight: {reach}" if reach else "the CPU pre-flights (resolve, import, flags, trace)")
     for piece in pieces:
         if piece.stance == "supports" and piece.kind == "nearby":
             parts.append(
-                f"{row['mode']} served on {piece.gpu.upper()} with {piece.release}, the nearest observed release"
+                f"{row['mode']} served on {gpu_name(piece.matrix, piece.gpu)} with {piece.release}, "
+                "the nearest observed release"
             )
     return "; ".join(parts)
 
 
 def _not_shown(stack: Stack, row: Row) -> str:
-    gpu = str(row["axes"].get("gpu", "")).upper()
+    gpu = gpu_label(row)
     if stack.tier == 0:
         correctness = (row.get("metrics") or {}).get("correctness")
         ok = isinstance(correctness, dict) and (correctness.get("result") or {}).get("ok") is True
@@ -371,7 +373,7 @@ def _not_shown(stack: Stack, row: Row) -> str:
 def _settle(stack: Stack, row: Row) -> str:
     if stack.tier == 0:
         return ""
-    gpu = str(row["axes"].get("gpu", "")).upper()
+    gpu = gpu_label(row)
     return f"servematrix run {row['matrix']} --select id={row['cell_id']}  (on {gpu})"
 
 
@@ -452,7 +454,7 @@ def render_text(recommendations: Sequence[Recommendation], rows: Sequence[Row], 
     order = {m: i for i, m in enumerate(matrix_order(sorted(latest), latest))}
     lines = []
     for rec in sorted(recommendations, key=lambda r: (order.get(r.matrix, len(order)), r.gpu)):
-        lines.append(f"{rec.gpu} ({rec.matrix}):")
+        lines.append(f"{gpu_name(rec.matrix, rec.gpu)} ({rec.gpu}, {rec.matrix}):")
         picks = rec.stacks if every else rec.picks
         if not picks:
             lines.append("  nothing is expected to work yet")
@@ -517,7 +519,7 @@ def render_markdown(rows: Sequence[Row]) -> str:
             )
             lanes_open = True
         for rec in (r for r in recs if r.matrix == matrix):
-            lines.append(f"**{text(rec.matrix)}, {text(rec.gpu)}**\n")
+            lines.append(f"**{text(rec.matrix)}, {text(gpu_name(rec.matrix, rec.gpu))}**\n")
             if not rec.picks:
                 lines.append("- nothing is expected to work yet\n")
             elif not rec.stacks:

@@ -37,6 +37,7 @@ from servematrix.config.spec import load_spec
 from servematrix.engines import Engine, available_engines, load_engine
 from servematrix.errors import InputError
 from servematrix.evidence import apply as apply_evidence
+from servematrix.evidence.derive import gpu_name
 from servematrix.planning.cells import expand
 from servematrix.report import escape, markdown
 from servematrix.report.bisectnote import notes as bisection_notes
@@ -426,6 +427,7 @@ def answer_view(rows: Sequence[Row], order: Sequence[str]) -> list[dict[str, Any
                 {
                     "matrix": rec.matrix,
                     "gpu": rec.gpu,
+                    "name": gpu_name(rec.matrix, rec.gpu),
                     "product": serves_real_model(rec.matrix),
                     "at_risk_only": bool(rec.picks) and not rec.stacks,
                     "picks": [

@@ -69,7 +69,7 @@ def test_a_python_op_schema_error_is_carried_to_an_open_cell_of_another_kind(mat
     assert found.verdict == "predicted-fail:graph-capture-failed" and found.own_verdict == "skipped:no-gpu"
     (piece,) = found.pieces
     assert piece.stance == "predicts-fail" and piece.rule == "sglang-op-schema"
-    assert "src" in piece.text and "H200" in piece.text and "_ops.py:1269 __call__" in piece.frames[0]
+    assert "src" in piece.text and "h200" in piece.text and "_ops.py:1269 __call__" in piece.frames[0]
     assert "Schema:" not in piece.text  # the error's first sentence only
 
 
@@ -168,6 +168,60 @@ def test_a_lane_release_the_product_lacks_speaks_to_the_nearest_releases_it_hold
     assert not found["0.5.12-breakable"].pieces
 
 
+def test_a_release_observed_in_the_mode_gets_no_nearby_note(matrices):
+    """Once a GPU observed the product's own release in a mode, that observation speaks: no nearby release's note,
+    and nothing says the release is not yet observed."""
+    lane = [
+        _row("full-15", matrices["lane"], "h100", "full", "fail:graph-capture-failed", sglang="0.5.15",
+             excerpt=DSA_ATTRIBUTE, host=GPU_HOST),
+        _row("full-17", matrices["lane"], "h100", "full", "fail:graph-capture-failed", sglang="0.5.17",
+             excerpt=DSA_ATTRIBUTE, host=GPU_HOST),
+        _row("pw-15", matrices["lane"], "h100", "piecewise", "pass", sglang="0.5.15", host=GPU_HOST),
+        _row("pw-17", matrices["lane"], "h100", "piecewise", "pass", sglang="0.5.17", host=GPU_HOST),
+        _row("brk-15", matrices["lane"], "h100", "breakable", "pass", sglang="0.5.15", host=GPU_HOST),
+        _row("brk-17", matrices["lane"], "h100", "breakable", "interrupted", sglang="0.5.17"),
+    ]  # fmt: skip
+    product = [
+        _row(f"{v}-{m}", matrices["product"], "b200", m, "skipped:no-gpu", sglang=v)
+        for v in ("0.5.14", "0.5.17")
+        for m in ("full", "piecewise", "breakable")
+    ]
+    found = derive([*lane, *product], advise=lambda rows: {})
+    for cell in ("0.5.17-full", "0.5.17-piecewise"):
+        assert [p.kind for p in found[cell].pieces] == ["sibling"], cell
+        assert not any("not yet observed" in p.text or "not yet observed" in p.headline for p in found[cell].pieces)
+    assert found["0.5.17-full"].pieces[0].source == "full-17"  # the release's own observation
+    # A release the lane did not observe in the mode (breakable interrupted) keeps the nearest release's note.
+    assert [p.kind for p in found["0.5.17-breakable"].pieces] == ["nearby"]
+    assert "0.5.17 not yet observed" in found["0.5.17-breakable"].pieces[0].text
+    # 0.5.14 is observed nowhere: the lane's 0.5.15 still speaks to it as the nearest release.
+    assert {p.kind for c in ("0.5.14-full", "0.5.14-piecewise") for p in found[c].pieces} == {"nearby"}
+
+
+def test_a_gpu_kind_is_named_by_its_card(tmp_path, matrices):
+    from servematrix.evidence.derive import gpu_name
+
+    kinds = (
+        '[gpu.rtx-pro-6000]\narch = "sm_120"\ncount = 8\nsku = "NVIDIA RTX PRO 6000 Blackwell"\n'
+        '[gpu.h200]\narch = "sm_90"\ncount = 1\nsku = "NVIDIA H200"\n'
+        '[gpu.h200x2]\narch = "sm_90"\ncount = 2\nsku = "NVIDIA H200"\n'
+        '[gpu.b200]\narch = "sm_100"\ncount = 8\n'
+    )
+    lane = Path(matrices["lane"])
+    lane.write_text(lane.read_text() + kinds)
+    gpu_name.cache_clear()
+    assert gpu_name(str(lane), "rtx-pro-6000") == "NVIDIA RTX PRO 6000 Blackwell"
+    assert gpu_name(str(lane), "h200") == "NVIDIA H200" and gpu_name(str(lane), "h200x2") == "NVIDIA H200 ×2"
+    assert gpu_name(str(lane), "b200") == "b200"  # no sku: the kind's name, as the matrix spells it
+    assert gpu_name(str(tmp_path / "missing.toml"), "rtx-pro-6000") == "rtx-pro-6000"
+    source = _failed("src", str(lane), OP_SCHEMA)
+    source["axes"]["gpu"] = "rtx-pro-6000"
+    target = _row("tgt", matrices["product"], "b200", "breakable", "skipped:no-gpu")
+    (piece,) = derive([source, target], advise=lambda rows: {})["tgt"].pieces
+    assert "on NVIDIA RTX PRO 6000 Blackwell with sglang 0.5.12" in piece.text and "RTX-PRO-6000" not in piece.text
+    gpu_name.cache_clear()
+
+
 @dataclass(frozen=True)
 class _Advisory:
     id: str
@@ -209,7 +263,7 @@ def test_apply_shows_the_derived_verdict_and_keeps_the_own_one(matrices):
     assert isinstance(shown["tgt"], Row)
     assert shown["tgt"]["verdict"] == "predicted-fail:graph-capture-failed"
     assert shown["tgt"]["own_verdict"] == "skipped:no-gpu"
-    assert shown["tgt"]["evidence"][0].startswith("carried from H200") and shown["tgt"]["evidence"][-1] == "load: x"
+    assert shown["tgt"]["evidence"][0].startswith("carried from h200") and shown["tgt"]["evidence"][-1] == "load: x"
     assert target["verdict"] == "skipped:no-gpu"  # the row itself is untouched
     assert apply(list(shown.values())) == list(shown.values())  # applied once
 

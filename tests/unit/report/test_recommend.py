@@ -75,7 +75,10 @@ def test_the_command_reads_a_store(tmp_path, capsys):
 def test_the_command_filters_by_matrix_and_refuses_an_unknown_one(tmp_path, capsys):
     assert main(["recommend", "matrix/glm5-nvfp4.toml"]) == 0  # the published results hold the product matrix
     out = capsys.readouterr().out
-    assert "b200 (matrix/glm5-nvfp4.toml):" in out and "rtx-pro-6000 (matrix/glm5-nvfp4.toml):" in out
+    assert "NVIDIA B200 (b200, matrix/glm5-nvfp4.toml):" in out
+    # A GPU kind is named by its card (the matrix's sku), never by its axis in upper case.
+    assert "NVIDIA RTX PRO 6000 Blackwell (rtx-pro-6000, matrix/glm5-nvfp4.toml):" in out
+    assert "(on NVIDIA RTX PRO 6000 Blackwell)" in out and "RTX-PRO-6000" not in out
     assert "cpu (" not in out
     assert main(["recommend", "matrix/no-such.toml"]) == 2
 
@@ -95,7 +98,7 @@ def test_matrices_are_never_pooled_on_one_gpu_kind(capsys):
     assert [s.cell_id for s in recs["matrix/glm.toml", "h200"].stacks] == ["g1"]
     assert main(["recommend"]) == 0  # the published results: each lane of the H200 under its own heading
     out = capsys.readouterr().out
-    assert "h200 (matrix/h200-glm5.toml):" in out and "h200 (matrix/h200-smoke.toml):" in out
+    assert "NVIDIA H200 (h200, matrix/h200-glm5.toml):" in out and "NVIDIA H200 (h200, matrix/h200-smoke.toml):" in out
     assert not any(line.endswith("-> ") for line in out.splitlines())  # every failing cell names its fix
 
 
@@ -125,7 +128,8 @@ def test_ranked_by_evidence_own_pins_first_and_nothing_against_a_pick():
         rec.stacks[2].words.startswith("flashinfer 0.6.12 (crosses its pin)")
         or "crosses its pin" in rec.stacks[2].words
     )
-    assert rec.stacks[1].settle == "servematrix run matrix/m.toml --select id=own  (on B200)"
+    # matrix/m.toml names no card: the kind's own name
+    assert rec.stacks[1].settle == "servematrix run matrix/m.toml --select id=own  (on b200)"
 
 
 def test_every_cell_at_risk_still_answers_and_says_so():
@@ -149,6 +153,6 @@ def test_the_product_answer_fits_one_screen(capsys):
     assert main(["recommend", "matrix/glm5-nvfp4.toml"]) == 0
     out = capsys.readouterr().out
     assert len(out.splitlines()) <= 60
-    assert out.index("b200 (matrix/glm5-nvfp4.toml):") < out.index("failing:")
+    assert out.index("NVIDIA B200 (b200, matrix/glm5-nvfp4.toml):") < out.index("failing:")
     assert main(["recommend", "--all", "matrix/glm5-nvfp4.toml"]) == 0
     assert len(capsys.readouterr().out.splitlines()) > 60
