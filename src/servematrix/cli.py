@@ -239,10 +239,7 @@ def _regression_exit(regressions: list, fail: bool) -> int:  # type: ignore[type
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if not args.publish and (args.prune or args.from_published):
-        raise InputError(f"{'--prune' if args.prune else '--from-published'} applies to publishing: add --publish")
-    if args.from_published and (args.store is not None or args.prune):
-        raise InputError("--from-published renders the published results alone: it takes no --store nor --prune")
+    # --prune and --from-published only with --publish, --from-published with no --store: options.validate
     out = args.out or (PUBLISHED_SITE if args.publish else PREVIEW_DIR)
     store = args.store or DEFAULT_STORE
     if not args.from_published and not store.exists():

@@ -10,6 +10,9 @@ A value that needs more than argparse's own `type` (stage names, a launcher's wo
 positive count) has a `check`, which `validate` runs once after parsing: its InputError is the user's one-line
 error and exit 2 (cli.main), where an error raised from an argparse `type` would print the usage as well.
 Values that need the matrix (`--select`, `--shard`) are checked where the plan is made (`plan.make_plan`).
+The rules between options are declared too (`only_with`, `not_with`) and enforced there, in one place, for
+every command; and `to_argv` writes a command's arguments back from the same declarations (after nox's
+`to_argv`): `submit --slurm` passes every option it shares with `run` on to each task's `run` so.
 
 A flag that means something else in another command (`--out`, `--format`, `--python`) is another option,
 declared once for each meaning.
@@ -21,7 +24,7 @@ import argparse
 import difflib
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,8 +229,15 @@ class Option:
     metavar: str | None = None
     required: bool = False
     check: Callable[[str, Any], Any] | None = None
-    # Given only with another option's value: ("--backend", "existing") refuses it with any other backend.
-    only_with: tuple[str, str] | None = None
+    # Given only with another option's value: ("--backend", "existing") refuses it with any other backend;
+    # ("--publish", True) refuses it without that flag.
+    only_with: tuple[str, Any] | None = None
+    not_with: tuple[str, ...] = ()  # options it is never given with
+    why: str = ""  # what a broken rule's message adds: why the rule holds
+
+    def given(self, value: Any) -> bool:
+        """Whether `value` (parsed) was given rather than left at the default."""
+        return value is not None and value is not False and value != self.default and value != []
 
     @property
     def name(self) -> str:
@@ -607,12 +617,16 @@ OPTIONS: tuple[Option, ...] = (
         action="store_true",
         help="with --publish: remove published cells the store does not have (says how many)",
         commands=("report",),
+        only_with=("--publish", True),
     ),
     Option(
         flags=("--from-published",),
         action="store_true",
         help="with --publish: render the site again from the published results alone, no store (the docs build)",
         commands=("report",),
+        only_with=("--publish", True),
+        not_with=("--store", "--prune"),
+        why="it renders the published results alone",
     ),
     Option(
         flags=("--baseline",),
@@ -977,10 +991,41 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     for option in options:
         if option.check is not None:
             setattr(args, option.attribute, option.check(option.name, getattr(args, option.attribute)))
+    named = {option.name: option for option in options}
     for option in options:
-        if option.only_with is not None and getattr(args, option.attribute) is not None:
+        if not option.given(getattr(args, option.attribute)):
+            continue
+        because = f": {option.why}" if option.why else ""
+        if option.only_with is not None:
             flag, value = option.only_with
-            other = next(o for o in options if o.name == flag)
-            if getattr(args, other.attribute) != value:
-                raise InputError(f"{option.name} is for {flag} {value}")
+            if getattr(args, named[flag].attribute) != value:
+                raise InputError(f"{option.name} is for {flag}" + ("" if value is True else f" {value}") + because)
+        clashes = [flag for flag in option.not_with if named[flag].given(getattr(args, named[flag].attribute))]
+        if clashes:
+            raise InputError(f"{option.name} takes no {' nor '.join(clashes)}{because}")
     return args
+
+
+def passed_on(command: str) -> tuple[Option, ...]:
+    """The options `command` passes on to the command it runs (`submit`: `run`), in declaration order."""
+    target = COMMAND[command].passes_to
+    return tuple(option for option in options_of(command) if target is not None and target in option.commands)
+
+
+def to_argv(options: Sequence[Option], values: Mapping[str, Any]) -> list[str]:
+    """The arguments that parse back to `values` (by attribute) for `options`, from their declarations (nox's
+    `to_argv`): a positional argument as itself, a flag when set, a repeatable option once per value, a list
+    of names comma-separated; an option left at its default is left out."""
+    argv: list[str] = []
+    for option in options:
+        value = values.get(option.attribute)
+        if option.positional:
+            argv.append(str(value))
+        elif option.action == "store_true":
+            argv += [option.name] if value else []
+        elif option.action == "append":
+            argv += [word for item in value or () for word in (option.name, str(item))]
+        elif value is not None:
+            text = ",".join(value) if isinstance(value, tuple | list) else str(value)
+            argv += [option.name, text] if text != str(option.default) else []
+    return argv

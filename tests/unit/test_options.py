@@ -147,6 +147,12 @@ def test_run_and_submit_refuse_a_bad_shared_value_alike(flags, tmp_path, capsys)
         (["submit", str(SMOKE), "--slurm", "--launcher", "srun 'servematrix"], "No closing quotation"),
         (["submit", str(SMOKE), "--slurm", "--launcher", " "], "--launcher is empty"),
         (["nix-export", "--check", "--wheel-base", "mirror"], "--wheel-base 'mirror': expected NAME=URL"),
+        # The rules between options (`only_with`, `not_with`), enforced by `validate` for every command.
+        (["report", "--prune"], "--prune is for --publish"),
+        (["report", "--from-published"], "--from-published is for --publish: it renders the published results"),
+        (["report", "--publish", "--from-published", "--prune"], "--from-published takes no --prune"),
+        (["report", "--publish", "--from-published", "--store", "s.db"], "--from-published takes no --store"),
+        (["run", str(SMOKE), "--image", "localhost/x:1"], "--image is for --backend image"),
     ],
 )
 def test_a_checked_value_is_a_one_line_input_error(argv, message, tmp_path, capsys, monkeypatch):
@@ -158,6 +164,44 @@ def test_a_checked_value_is_a_one_line_input_error(argv, message, tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("servematrix: error: ") and message in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_rule_names_an_option_of_each_command_that_takes_it():
+    for option in options.OPTIONS:
+        for command in option.commands:
+            names = {o.name for o in options.options_of(command)}
+            ruled = ([option.only_with[0]] if option.only_with else []) + list(option.not_with)
+            assert set(ruled) <= names, (option.name, command, ruled)
+
+
+def test_to_argv_parses_back_to_the_values_it_was_given():
+    """`to_argv` writes a command's arguments from the declarations (nox's `to_argv`): parsed again, they give
+    the same values; a value left at its default is left out."""
+    shared = options.passed_on("submit")
+    assert {o.name for o in shared} == {
+        "matrix",
+        "--select",
+        "--stages",
+        "--backend",
+        "--image",
+        "--workdir",
+        "--rerun",
+    }
+    given = parse_args(["run", str(SMOKE), "--select", "mode=a", "--select", "gpu=cpu", "--stages", "serve,resolve"])
+    given = parse_args(["run", *options.to_argv(shared, vars(given))])
+    values = vars(given)
+    assert options.to_argv(shared, values) == [
+        str(SMOKE),
+        "--select",
+        "mode=a",
+        "--select",
+        "gpu=cpu",
+        "--stages",
+        "resolve,serve",
+    ]
+    assert given.stages == ("resolve", "serve") and given.backend == "auto" and not given.rerun
+    defaults = vars(parse_args(["run", str(SMOKE)]))
+    assert options.to_argv(shared, defaults) == [str(SMOKE)]
 
 
 # ---------------------------------------------------------------------------------------------- imports

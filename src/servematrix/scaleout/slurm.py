@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from servematrix.errors import InputError
+from servematrix.options import passed_on, to_argv
 from servematrix.planning.plan import GITHUB_MAX_JOBS, github_matrix, make_plan
 from servematrix.stages import STAGES
 from servematrix.store import redact
@@ -106,20 +107,13 @@ class Submission:
 
 
 def task_argv(options: SubmitOptions, gpu: str, shard: str | Shell, store: str | Shell) -> list[str | Shell]:
-    """The `servematrix run` arguments of one task (without the launcher)."""
-    argv: list[str | Shell] = ["run", str(options.matrix)]
-    for expression in (*options.select, f"gpu={gpu}"):
-        argv += ["--select", expression]
-    argv += ["--shard", shard, "--store", store, "--workdir", str(options.workdir), "--backend", options.backend]
-    if options.image is not None:
-        argv += ["--image", options.image]
-    if options.stages != STAGES:  # all of them is run's default
-        argv += ["--stages", ",".join(options.stages)]
-    if options.rerun:
-        argv.append("--rerun")
+    """The `servematrix run` arguments of one task (without the launcher): every option submit passes on to
+    run, written from its declaration (`options.to_argv`), the task's GPU kind added to its --select."""
+    shared = passed_on("submit")
+    values = {option.attribute: getattr(options, option.attribute) for option in shared}
+    values["select"] = (*options.select, f"gpu={gpu}")
     # Tasks share the project directory: none of them may write its table; the merge job writes it.
-    argv.append("--no-report")
-    return argv
+    return ["run", *to_argv(shared, values), "--shard", shard, "--store", store, "--no-report"]
 
 
 def prepare(options: SubmitOptions) -> Submission:
