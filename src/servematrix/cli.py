@@ -17,12 +17,12 @@ from servematrix.bisection.command import cmd_bisect
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, Parser, add_options, validate
 from servematrix.releases.command import cmd_releases
+from servematrix.report import command as reporting
+from servematrix.report.command import TABLE_NAME
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.run import hostinfo
 from servematrix.store.store import DEFAULT_STORE
 from servematrix.util import interrupt_on_signals
-
-TABLE_NAME = "compatibility.md"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # resolutions) killed, cells marked interrupted, exit 130.
     with interrupt_on_signals():
         summary = run_plan(plan, backend, options)
-    regressions = _write_report(store, report_table, args.baseline) if report_table is not None else []
+    regressions = reporting.report(store, report_table, args.baseline) if report_table is not None else []
     print(
         f"run {summary.run_id}: {len(summary.verdicts)} cell(s) run ({summary.reused} reused from the published "
         f"results, {len(summary.verdicts) - summary.reused} decided now), {summary.skipped_unchanged} unchanged; "
@@ -166,71 +166,6 @@ def _report_table(path: Path) -> Path:
     return path if path.suffix == ".md" else path / TABLE_NAME
 
 
-def _write_report(store_path: Path | None, table: Path, baseline: Path | None, **how: bool) -> list:  # type: ignore[type-arg]
-    """`_report`, publishing under the folder's lock: the record merged into is the one there at the write."""
-    from servematrix.report.publish import publish_lock
-
-    if not how.get("publish"):
-        return _report(store_path, table, baseline, **how)
-    with publish_lock(table.parent):
-        return _report(store_path, table, baseline, **how)
-
-
-def _report(
-    store_path: Path | None,
-    table: Path,
-    baseline: Path | None,
-    *,
-    publish: bool = False,
-    prune: bool = False,
-    from_published: bool = False,
-) -> list:  # type: ignore[type-arg]
-    """The whole report beside `table`. A preview renders the store alone and writes no record; publishing
-    merges the store into the record beside the table (or renders that record alone: `from_published`).
-    Everything is read and checked before anything is written."""
-    from servematrix.report import publish as publishing
-    from servematrix.report.regressions import published_rows
-
-    out_dir, store = table.parent, store_path or DEFAULT_STORE
-    record = out_dir / RECORD
-    if baseline is not None and not baseline.is_file():  # named, so a gate that compares with nothing is wrong
-        raise InputError(f"--baseline {baseline}: no such file")
-    if not publish:
-        rows = publishing.store_rows(store)  # first: a lost store is the cause worth naming
-        publishing.refuse_published(out_dir)
-        baseline = baseline or PUBLISHED_SITE / RECORD
-        publishing.read_record(baseline)
-    else:
-        published = publishing.read_record(record)
-        baseline = baseline or record
-        publishing.read_record(baseline)
-        if from_published:
-            if not published or not published["cells"]:
-                raise InputError(f"{record}: no published results to render")
-            rows = published_rows(published)
-            done = f"rendered the published results {record} again ({len(rows)} cell(s)); no store"
-        else:
-            merged = publishing.merge_published(published, publishing.store_rows(store), prune=prune)
-            rows = list(merged.rows)
-            done = merged.summary(record)
-    # A preview shows the store's packed runs; the published record keeps cells, not one host's runs.
-    packing = publishing.store_packing(store) if not publish else []
-    result = publishing.write_report(
-        rows, out_dir, baseline=baseline, write_record=publish, markdown_name=table.name, packing=packing
-    )
-    written = f"{result.markdown}, {result.html}, {len(result.plots)} plot(s)"
-    if publish:
-        print(f"wrote {written}, {result.results}\n{done}\n{result.history_summary}", file=sys.stderr)
-    else:
-        print(
-            f"wrote {written} from {store} (a preview: nothing published; `servematrix report --publish` publishes)",
-            file=sys.stderr,
-        )
-    for regression in result.regressions:
-        print(f"servematrix: 🔻 {regression}", file=sys.stderr)
-    return list(result.regressions)
-
-
 def _regression_exit(regressions: list, fail: bool) -> int:  # type: ignore[type-arg]
     if regressions and fail:
         print(f"servematrix: {len(regressions)} regression(s); --fail-on-regression", file=sys.stderr)
@@ -239,18 +174,16 @@ def _regression_exit(regressions: list, fail: bool) -> int:  # type: ignore[type
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    # --prune and --from-published only with --publish, --from-published with no --store: options.validate
-    out = args.out or (PUBLISHED_SITE if args.publish else PREVIEW_DIR)
-    store = args.store or DEFAULT_STORE
-    if not args.from_published and not store.exists():
-        raise InputError(no_store_yet(store))
-    regressions = _write_report(
+    # The rules between its options are options.validate's; what to write, report.command's.
+    table = args.out / TABLE_NAME if args.out else None
+    regressions = reporting.report(
         args.store,
-        out / TABLE_NAME,
+        table,
         args.baseline,
         publish=args.publish,
         prune=args.prune,
         from_published=args.from_published,
+        no_store=no_store_yet,
     )
     return _regression_exit(regressions, args.fail_on_regression)
 
