@@ -15,6 +15,11 @@ kept; `--part-mib` sets it). `ci/gpu/h200-bundle.sh RELEASE PARTS_DIR` unpacks i
 OUT gets site.tar.xz.00, .01, ..., requirements.txt (what went in, with the lock's hashes) and MANIFEST.txt
 (sizes, the largest packages, what was stripped and every package not carried, with why). It runs where an
 index is reachable; it needs uv, tar and xz.
+
+`--carry-torch` is for a release that pins another torch than the node's (sglang 0.5.23 pins 2.14.1; the node
+has 2.11.0): the NEVER packages are then carried where the node's version is not the lock's, or not known (a
+bare name in NODE; `--node-version NAME==VERSION` says it without editing the list), and left to the node only
+where it has the lock's version. The bundle's torch then shadows the node's on the wrappers' path.
 """
 
 from __future__ import annotations
@@ -121,13 +126,30 @@ def left_out(name: str, extra: tuple[str, ...]) -> bool:
     return any(re.fullmatch(re.escape(p).replace(r"\*", ".*"), name) for p in patterns)
 
 
-def select(lock: Path, node: Path, extra_left_out: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
-    """The lock's requirement blocks the bundle carries, and a line per package it does not carry, with why."""
+def select(
+    lock: Path,
+    node: Path,
+    extra_left_out: tuple[str, ...] = (),
+    *,
+    carry_torch: bool = False,
+    node_versions: dict[str, str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """The lock's requirement blocks the bundle carries, and a line per package it does not carry, with why.
+
+    `carry_torch`: a NEVER package (torch, triton, torch's CUDA libraries) is carried unless the node has it at
+    the lock's version; a bare name in the node's list (version unknown) is carried. `node_versions` adds to or
+    overrides the node list's versions."""
     have = node_packages(node)
+    have.update({canonical(name): version for name, version in (node_versions or {}).items()})
     stack = {canonical(name) for name in ENGINE_STACK}
     carried, skipped = [], []
     for name, version, block in lock_blocks(lock):
-        if NEVER.match(name):
+        if NEVER.match(name) and carry_torch:
+            if have.get(name, "") == version:
+                skipped.append(f"{name}=={version}: the node has it ({version}), torch's stack left to the node")
+            else:
+                carried.append(block)
+        elif NEVER.match(name):
             skipped.append(f"{name}=={version}: the node's CUDA stack, never bundled")
         elif left_out(name, extra_left_out):
             skipped.append(f"{name}=={version}: left out (not loaded by the H200 lane)")
@@ -136,6 +158,11 @@ def select(lock: Path, node: Path, extra_left_out: tuple[str, ...] = ()) -> tupl
         else:
             carried.append(block)
     return carried, skipped
+
+
+def _never(block: str) -> bool:
+    match = _REQ.match(block)
+    return match is not None and NEVER.match(canonical(match.group(1))) is not None
 
 
 def _size(path: Path) -> int:
@@ -178,6 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("node", type=Path, help="the GPU node's packages: a name, or name==version, per line")
     parser.add_argument("out", type=Path, help="where the parts, requirements.txt and MANIFEST.txt go")
     parser.add_argument("--keep-out", action="append", default=[], metavar="NAME", help="also leave out NAME")
+    parser.add_argument(
+        "--carry-torch",
+        action="store_true",
+        help="carry torch, triton and torch's CUDA libraries where the node's version is not the lock's",
+    )
+    parser.add_argument(
+        "--node-version",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="the node has NAME at VERSION (adds to or overrides NODE's line)",
+    )
     parser.add_argument("--python-version", default="3.12")
     parser.add_argument("--platform", default="x86_64-manylinux_2_34")
     parser.add_argument(
@@ -188,9 +227,18 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"make_bundle: {path}: no such file", file=sys.stderr)
             return 2
+    node_versions = {}
+    for spec in args.node_version:
+        match = _REQ.match(spec)
+        if match is None:
+            print(f"make_bundle: --node-version {spec!r}: not NAME==VERSION", file=sys.stderr)
+            return 2
+        node_versions[match.group(1)] = match.group(2)
     tree = tree_bytes(Path(__file__).resolve().parents[2])
     part_size = args.part_mib * 1024 * 1024 if args.part_mib else part_bytes(tree)
-    carried, skipped = select(args.lock, args.node, tuple(args.keep_out))
+    carried, skipped = select(
+        args.lock, args.node, tuple(args.keep_out), carry_torch=args.carry_torch, node_versions=node_versions
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     requirements = args.out / "requirements.txt"
     requirements.write_text("\n".join(carried) + "\n", encoding="utf-8")
@@ -221,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     parts = sorted(args.out.glob("site.tar.xz.*"))
+    torch_stack = [block.splitlines()[0].rstrip(" \\") for block in carried if _never(block)]
     manifest = [
         f"lock: {args.lock.name}",
         f"carried: {len(carried)} packages, {sum(sizes.values()):,} bytes installed after stripping",
@@ -228,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(the working tree was {tree:,} bytes)",
         *(f"largest: {name}: {size:,} bytes" for name, size in sorted(sizes.items(), key=lambda kv: -kv[1])[:10]),
         *(f"stripped: {line}" for line in stripped),
+        *(f"carried, torch's stack: {line}" for line in torch_stack),
         *(f"not carried: {line}" for line in skipped),
     ]
     (args.out / "MANIFEST.txt").write_text("\n".join(manifest) + "\n", encoding="utf-8")

@@ -39,6 +39,40 @@ def test_the_bundle_carries_the_engine_and_what_the_node_lacks_never_its_cuda_st
     assert sglang.count("--hash=") >= 1
 
 
+def test_carry_torch_carries_torchs_stack_where_the_node_has_another_or_an_unknown_version(tmp_path: Path):
+    """sglang 0.5.23 pins torch 2.14.1, which the node lacks: `--carry-torch` lifts NEVER only where the node's
+    version is not the lock's (read here from the 0.5.15 lock: torch 2.11.0, triton 3.6.0)."""
+    node = tmp_path / "node.txt"
+    node.write_text("torch==2.10.0\ntriton==3.6.0\nnvidia-cublas\nnumpy\n")
+    default, default_skipped = make_bundle.select(LOCK_0_5_15, node)
+    assert not {b.split("==")[0] for b in default} & {"torch", "triton", "nvidia-cublas"}  # unchanged
+    assert "torch==2.11.0: the node's CUDA stack, never bundled" in default_skipped
+    carried, skipped = make_bundle.select(
+        LOCK_0_5_15, node, carry_torch=True, node_versions={"nvidia-cuda-runtime": "13.0.96"}
+    )
+    names = {block.split("==")[0] for block in carried}
+    assert "torch" in names  # the node has another version
+    assert "nvidia-cublas" in names  # the node's version is not known
+    assert "nvidia-nccl-cu13" in names  # the node lacks it (by this list)
+    assert "triton" not in names and any(s.startswith("triton==3.6.0: the node has it") for s in skipped)
+    assert "nvidia-cuda-runtime" not in names  # --node-version says the node has the lock's
+    assert "numpy" not in names  # the ordinary rule is unchanged
+    assert not names & {"nvidia-cuda-nvcc", "flashinfer-cubin"}  # LEFT_OUT still applies
+    assert all("--hash=sha256:" in block for block in carried)
+    assert {b.split("==")[0] for b in default} < names
+
+
+def test_a_node_version_that_is_not_name_equals_version_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    node = tmp_path / "node.txt"
+    node.write_text("torch\n")
+    out = tmp_path / "out"
+    assert make_bundle.main([str(LOCK_0_5_15), str(node), str(out), "--carry-torch", "--node-version", "torch"]) == 2
+    assert "--node-version 'torch': not NAME==VERSION" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_missing_lock_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert make_bundle.main([str(tmp_path / "nope.lock.txt"), str(tmp_path), str(tmp_path / "out")]) == 2
     assert "nope.lock.txt: no such file" in capsys.readouterr().err
