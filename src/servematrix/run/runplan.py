@@ -4,10 +4,12 @@ its inputs. `pipeline` runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from servematrix.planning.cells import Cell, Environment, content_hash
 from servematrix.planning.plan import Plan
 from servematrix.run import hostinfo, reuse
 from servematrix.run.models import check_model_path
-from servematrix.run.progress import Step, Work, announce, free_disk_gb
+from servematrix.run.progress import HEARTBEAT_S, Step, Work, announce, free_disk_gb
 from servematrix.stages import CPU_STAGES, STAGES, importcheck
 from servematrix.stages.locking import default_lock_dir, resolve_request
 from servematrix.stages.resolve import resolve_cached
@@ -242,7 +244,35 @@ def check_imports_ahead(
         jobs = min(distinct, importcheck.room(cache))
         if jobs > 1:
             say(f"import checks: {distinct} distinct lock(s) of {len(locks)} environment(s), {jobs} at once")
-            importcheck.check_all(locks, engine, python_version=python, cache_dir=cache, jobs=jobs)
+            with _import_heartbeat(say, cache / "import" / "results", distinct):
+                importcheck.check_all(locks, engine, python_version=python, cache_dir=cache, jobs=jobs)
+
+
+@contextlib.contextmanager
+def _import_heartbeat(say: Callable[[str], None], results: Path, total: int) -> Iterator[None]:
+    """A line every HEARTBEAT_S while the import checks run ahead of the cells (20-30 min on a fresh host):
+    how many have finished, counted by the results they wrote, so a CI log never falls silent."""
+    began = time.time()
+    stop = threading.Event()
+
+    def finished() -> int:
+        try:
+            return sum(1 for p in results.glob("*.json") if p.stat().st_mtime >= began)
+        except OSError:
+            return 0
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            say(f"import checks: {finished()} of {total} finished, {time.time() - began:.0f}s in")
+
+    thread = threading.Thread(target=beat, name="servematrix-import-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        say(f"import checks: {finished()} of {total} finished in {time.time() - began:.0f}s")
 
 
 def reuse_for(plan: Plan, options: RunOptions) -> reuse.Reuse:
