@@ -758,7 +758,12 @@ OPTIONS: tuple[Option, ...] = (
         flags=("--good",), required=True, metavar="V1", help="a release with the good verdict", commands=("bisect",)
     ),
     Option(flags=("--bad",), required=True, metavar="V2", help="a release with the bad verdict", commands=("bisect",)),
-    Option(flags=("--pre",), action="store_true", help="also try pre-releases between them", commands=("bisect",)),
+    Option(
+        flags=("--pre",),
+        action="store_true",
+        help="take pre-releases too (bisect: try them between the ends; releases: list them)",
+        commands=("bisect", "releases"),
+    ),
     Option(
         flags=("--yanked",), action="store_true", help="also try yanked releases between them", commands=("bisect",)
     ),
@@ -801,12 +806,6 @@ OPTIONS: tuple[Option, ...] = (
         action="append",
         metavar="AXIS=V",
         help="list and add only these releases (V1|V2 names several; repeatable), e.g. --only sglang=0.5.13",
-        commands=("releases",),
-    ),
-    Option(
-        flags=("--pre",),
-        action="store_true",
-        help="also list pre-releases",
         commands=("releases",),
     ),
     Option(

@@ -61,7 +61,8 @@ DEFAULT_DOCKER_GPUS = "all"
 # Environments with the same torch pins share the first three stages' layers through the build cache.
 # (stage, the context file its entries are written to, name patterns): containers/Dockerfile copies them.
 INSTALL_LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("cudnn-cublas", "layer-cudnn-cublas.txt", ("nvidia-cudnn-*", "nvidia-cublas-*")),
+    # CUDA 12 wheels are named nvidia-cublas-cu12, CUDA 13 ones nvidia-cublas (cuDNN: nvidia-cudnn-cu13)
+    ("cudnn-cublas", "layer-cudnn-cublas.txt", ("nvidia-cudnn-cu*", "nvidia-cublas", "nvidia-cublas-cu*")),
     ("cuda-libs", "layer-cuda-libs.txt", ("nvidia-*",)),
     ("torch", "layer-torch.txt", ("torch", "triton")),
 )
