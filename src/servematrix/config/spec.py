@@ -442,21 +442,77 @@ def _check_flag_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None
             raise source.error(where, f"flag axis {name!r} has no values: give them as axes.{name}")
 
 
-def _check_releases(source: TomlSource, file: SpecFile) -> None:
+def _near(version: Version) -> set[Version]:
+    """A version, one just above it and one just below it: the points where a range's bounds can change."""
+    release = version.release
+    points = {version, Version(".".join(map(str, (*release, 0, 0, 0, 1)))), Version(f"{version.base_version}.dev0")}
+    points.add(Version(".".join(map(str, (*release[:-1], release[-1] + 1)))))
+    last = max((i for i, part in enumerate(release) if part), default=None)
+    if last is not None:
+        points.add(Version(".".join(map(str, (*release[:last], release[last] - 1, 999999)))))
+    return points
+
+
+def _probe_versions(ranges: Sequence[SpecifierSet], releases: Sequence[str]) -> list[Version] | None:
+    """Versions that decide whether ranges hold a release and share one: the matrix's releases, and each
+    bound with a version just above and just below it (a range is a union of intervals between its bounds).
+    None where a range compares as text (`===`), which no probe decides."""
+    points: set[Version] = set()
+    for value in releases:
+        try:
+            points.add(Version(value))
+        except InvalidVersion:
+            continue
+    for ranges_ in ranges:
+        for one in ranges_:
+            if one.operator == "===":
+                return None
+            points |= _near(Version(one.version.removesuffix(".*")))
+    return sorted(points)
+
+
+def _row_flags(args: Sequence[str]) -> set[str]:
+    return {arg.partition("=")[0] for arg in args if arg.startswith("--")}
+
+
+def _check_releases(source: TomlSource, file: SpecFile, engine: Engine) -> None:
+    """Each `args_by_release` row's range must be a version specifier that holds a release, and two rows of
+    a kind whose ranges share a release must not set the same flag: the later row would win silently."""
     for name, kind in file.gpu.items():
+        ranges: list[SpecifierSet] = []
         for index, rows in enumerate(kind.args_by_release):
             try:
-                SpecifierSet(rows.versions)
+                ranges.append(SpecifierSet(rows.versions))
             except InvalidSpecifier:
                 raise source.error(
                     ("gpu", name, "args_by_release", index, "versions"), f"{rows.versions!r} is not a version specifier"
                 ) from None
+        probes = _probe_versions(ranges, file.axes.get(engine.version_axis, []))
+        if probes is None:
+            continue
+        held = [{v for v in probes if spec.contains(v, prereleases=True)} for spec in ranges]
+        for index, rows in enumerate(kind.args_by_release):
+            where = ("gpu", name, "args_by_release", index, "versions")
+            if not held[index]:
+                raise source.error(where, f"{rows.versions!r} holds no release: this row would never apply")
+            for earlier in range(index):
+                shared = held[earlier] & held[index]
+                same = _row_flags(kind.args_by_release[earlier].args) & _row_flags(rows.args)
+                if shared and same:
+                    line = source.line_of(("gpu", name, "args_by_release", earlier, "versions"))
+                    raise source.error(
+                        where,
+                        f"{rows.versions!r} overlaps row {earlier + 1}'s {kind.args_by_release[earlier].versions!r}"
+                        + (f" (line {line})" if line else "")
+                        + f" (both hold {min(shared)}) and both set {', '.join(sorted(same))}: the later row "
+                        "would win silently; make the ranges disjoint or give the flag in one row",
+                    )
 
 
 def _check_axes(source: TomlSource, file: SpecFile, engine: Engine) -> None:
     _check_packages(source, file, engine)
     _check_flag_axes(source, file, engine)
-    _check_releases(source, file)
+    _check_releases(source, file, engine)
     known = _known_axes(file, engine)
     for axis, values in file.axes.items():
         if axis not in known:

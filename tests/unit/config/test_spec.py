@@ -316,3 +316,38 @@ def test_a_matrix_never_sets_the_harnesss_port_or_host(write_matrix, edit, key):
     err = _error(write_matrix, text)
     assert err.location.key == key
     assert "the harness's own" in err.message
+
+
+def _rows(*rows: tuple[str, str]) -> str:
+    return "".join(
+        f'\n[[gpu.cpu.args_by_release]]\nversions = "{versions}"\nargs = {args}\nsource = "a test"\n'
+        for versions, args in rows
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "index", "says"),
+    [
+        ([(">=6,<5", '["--x", "1"]')], 0, "holds no release"),
+        ([("==5.*,!=5.*", '["--x", "1"]')], 0, "holds no release"),
+        ([(">=5", '["--x", "1"]'), ("~=5.2", '["--y", "2", "--x=3"]')], 1, "overlaps row 1's '>=5'"),
+    ],
+)
+def test_args_by_release_with_an_empty_or_a_conflicting_range_is_refused(write_matrix, capsys, rows, index, says):
+    """L4: a range that holds no release never applies, and two rows whose ranges share a release and set one
+    flag leave the later row's value silently: both are refused at the row's `versions` line (exit 2)."""
+    text = CPU_SMOKE + _rows(*rows)
+    err = _error(write_matrix, text)
+    assert err.location.key == f"gpu.cpu.args_by_release[{index}].versions"
+    assert err.location.line == _line(text, f'versions = "{rows[index][0]}"')
+    assert says in err.message
+    assert main(["plan", str(write_matrix(text))]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_args_by_release_with_disjoint_or_unrelated_rows_is_accepted(write_matrix):
+    """Rows that share no release, or share one but set different flags, are accepted as before."""
+    disjoint = _rows(("<5.3", '["--x", "1"]'), (">=5.3", '["--x", "2"]'))
+    unrelated = _rows((">=5", '["--x", "1"]'), (">=5.3", '["--y", "2"]'))
+    for rows in (disjoint, unrelated):
+        assert load_spec(write_matrix(CPU_SMOKE + rows)).file.gpu["cpu"].args_by_release
