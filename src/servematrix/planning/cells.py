@@ -114,21 +114,47 @@ def environment_points(spec: Spec) -> list[dict[str, str]]:
     flag_axes = spec.file.flag_axes
     fixed = [n for n in names if n not in flag_axes]
     points = []
+    merged: dict[tuple[str, str, str], list[str]] = {}
     for values in itertools.product(*(axes[n] for n in fixed)):
         point = dict(zip(fixed, values, strict=True))
         version = point[spec.engine.version_axis]
         choices = [_flag_values(spec, name, point["gpu"], version) for name in flag_axes]
+        for name in flag_axes:
+            same = _default_is_listed(spec, name, point["gpu"], version)
+            if same is not None and version not in merged.setdefault((name, point["gpu"], same), []):
+                merged[(name, point["gpu"], same)].append(version)
         for swept in itertools.product(*choices):
             full = {**point, **dict(zip(flag_axes, swept, strict=True))}
             points.append({n: full[n] for n in names})
+    for (name, gpu, value), versions in merged.items():
+        flag = spec.file.flag_axes[name].flag
+        warn(
+            f"{spec.path}: flag axis {name!r}: {RECIPE_DEFAULT!r} on GPU kind {gpu!r} is its recipe's "
+            f"{flag} {value} ({spec.engine.name} {', '.join(versions)}), which the axis also lists: the two "
+            f"would be one server argv under two cell ids, so it is planned once, as {value!r}"
+        )
     return points
+
+
+def _default_is_listed(spec: Spec, axis: str, gpu: str, version: str) -> str | None:
+    """The recipe's value of a swept flag where the axis lists both it and `default` (which keeps the recipe's
+    value): the two would be the same argv, served, benchmarked and published twice under two ids."""
+    declared = spec.file.flag_axes[axis]
+    values = spec.file.axes[axis]
+    if not swept(spec, axis, gpu) or RECIPE_DEFAULT not in values:
+        return None
+    recipe = flag_value(recipe_args(spec.file.gpu[gpu], version), declared.flag)
+    return recipe if recipe is not None and recipe != RECIPE_DEFAULT and recipe in values else None
 
 
 def _flag_values(spec: Spec, axis: str, gpu: str, version: str) -> list[str]:
     declared = spec.file.flag_axes[axis]
     if declared.gpu and gpu not in declared.gpu:
         return [flag_value(recipe_args(spec.file.gpu[gpu], version), declared.flag) or RECIPE_DEFAULT]
-    return list(spec.file.axes[axis])
+    values = list(spec.file.axes[axis])
+    if _default_is_listed(spec, axis, gpu, version) is not None:
+        values.remove(RECIPE_DEFAULT)  # the recipe's own value stands for it (and keeps the id it had)
+    return values
 
 
 def swept(spec: Spec, axis: str, gpu: str) -> bool:
@@ -258,6 +284,8 @@ def expand(spec: Spec, *, max_cells: int = DEFAULT_MAX_CELLS) -> list[Cell]:
         for axis in spec.file.flag_axes:
             version = point[spec.engine.version_axis]
             point.setdefault(axis, _flag_values(spec, axis, point["gpu"], version)[0])
+            if point[axis] == RECIPE_DEFAULT:
+                point[axis] = _default_is_listed(spec, axis, point["gpu"], version) or RECIPE_DEFAULT
         point = {axis: point[axis] for axis in names}
         for mode in given.get("mode", modes):
             values = {**point, "mode": mode}

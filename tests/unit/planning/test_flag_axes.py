@@ -74,6 +74,36 @@ def test_the_product_matrix_keeps_every_published_cell_id():
     assert len(published) >= 104 and published <= {c.id for c in cells}
 
 
+def _without_axis(cell):
+    return (*(v for k, v in sorted(cell.env.axes.items()) if k != "moe_runner"), cell.mode, cell.command)
+
+
+def test_a_default_value_beside_the_recipes_value_is_planned_once(write_matrix, capsys):
+    """L6: `default` keeps the recipe's value, so beside that value it was the same argv under a second id,
+    built, served, benchmarked and published twice. It is planned once, as the recipe's value (whose id is the
+    one without the axis), with a warning that says so; where the recipe gives another value it stays."""
+    text = SWEPT.replace('["cutlass", "flashinfer_cutlass"]', '["default", "cutlass", "flashinfer_cutlass"]')
+    cells = expand(load_spec(write_matrix(text)))
+    commands = [_without_axis(c) for c in cells]
+    assert len(commands) == len(set(commands))  # no argv twice
+    assert {c.id for c in cells} == set(_by_id(write_matrix(SWEPT, "swept.toml")))
+    err = capsys.readouterr().err
+    assert "flag axis 'moe_runner': 'default' on GPU kind 'rtx' is its recipe's --moe-runner-backend cutlass" in err
+    assert "planned once, as 'cutlass'" in err
+    # An include that names `default` is the recipe's cell too, not a second copy of it.
+    included = text + (
+        '\n[[include]]\nsglang = "0.5.9"\ntorch = "pinned"\nflashinfer = "pinned"\ncuda = "13.0"\ngpu = "rtx"\n'
+        'moe_runner = "default"\nmode = "piecewise"\n'
+    )
+    cells = expand(load_spec(write_matrix(included, "included.toml")))
+    commands = [_without_axis(c) for c in cells]
+    assert len(commands) == len(set(commands))
+    # Where the recipe gives a value the axis does not list, `default` is a cell of its own, as before.
+    other = SWEPT.replace('["cutlass", "flashinfer_cutlass"]', '["default", "flashinfer_cutlass"]')
+    rtx = [c for c in expand(load_spec(write_matrix(other, "other.toml"))) if c.env.axes["gpu"] == "rtx"]
+    assert {c.env.axes["moe_runner"] for c in rtx} == {"default", "flashinfer_cutlass"}
+
+
 def test_args_by_release_set_a_flag_in_place_for_the_releases_in_range(write_matrix):
     text = (
         TWO_KINDS
