@@ -8,7 +8,7 @@ and .netrc settings that uv and pip read. An index without upload times (a plain
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
@@ -35,20 +35,43 @@ def _version_of(name: str, filename: str) -> Version | None:
     return None
 
 
+# An upload time this far ahead of this host's clock is not a past publication (clocks drift by seconds, not days).
+FUTURE_SLACK = timedelta(days=1)
+
+
+def _moment(value: object, name: str, version: str, filename: str) -> datetime:
+    """One file's `upload-time` as an aware UTC moment; ReleaseDateError for anything PEP 700 does not allow
+    (not a string, not a date, no UTC offset, later than now)."""
+    where = f"the index's upload time of {name} {version} ({filename})"
+    if not isinstance(value, str):
+        raise ReleaseDateError(f"{where} is not a date string: {value!r:.80}")
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ReleaseDateError(f"{where} is not a date: {value!r:.80} ({exc})") from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ReleaseDateError(f"{where} has no UTC offset: {value!r:.80} (PEP 700 gives UTC times)")
+    moment = moment.astimezone(UTC)
+    if moment > datetime.now(UTC) + FUTURE_SLACK:
+        raise ReleaseDateError(f"{where} is in the future: {value!r:.80}, so it cannot say when it was published")
+    return moment
+
+
 def upload_time(files: list[dict], name: str, version: str) -> str:
     """The newest `upload-time` of `version`'s files in a PEP 691 file list, as uv's --exclude-newer takes it
-    (RFC 3339, UTC). Raises ReleaseDateError when the release has no file or no file says when."""
+    (RFC 3339, UTC, whatever offset each file's time is given in). Raises ReleaseDateError when the release
+    has no file, no file says when, or a file's time is not a past moment with an offset."""
     wanted = Version(version)
     times = [
-        datetime.fromisoformat(str(f["upload-time"]).replace("Z", "+00:00"))
+        _moment(f["upload-time"], name, version, str(f.get("filename", "")))
         for f in files
         if isinstance(f, dict) and f.get("upload-time") and _version_of(name, str(f.get("filename", ""))) == wanted
     ]
     if not times:
         raise ReleaseDateError(f"the index gives no upload time for {name} {version}")
     # One second past the last file: uv excludes what is newer than the moment, and the release must be in.
-    newest = max(times).timestamp() + 1
-    return datetime.fromtimestamp(int(newest), tz=times[0].tzinfo).strftime("%Y-%m-%dT%H:%M:%SZ")
+    newest = max(times).replace(microsecond=0) + timedelta(seconds=1)
+    return newest.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def release_date(package: str, version: str, index_url: str | None = None, *, timeout_s: float = 60) -> str:
