@@ -256,7 +256,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from servematrix.stages.locking import lock_plan, print_lock_table
 
     plan = make_plan(args.matrix, args.select, args.shard, max_cells=args.max_cells)
-    outcomes = lock_plan(plan, out_dir=args.out)
+    # SIGINT and SIGTERM kill the uv resolutions in flight (none is left behind, orphaned), exit 130.
+    with interrupt_on_signals():
+        outcomes = lock_plan(plan, out_dir=args.out)
     if args.format == "json":
         print(json.dumps([o.to_contract() for o in outcomes], indent=2))
     else:

@@ -1210,3 +1210,72 @@ def test_reservation_files_of_dead_harnesses_are_swept(tmp_path: Path):
     with ports.reserved_port((), folder=tmp_path):
         pass
     assert not (tmp_path / "41234").exists() and list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------ Low (L11): SIGTERM to `lock`
+
+HANGING_LOCK = """engine = "sglang"
+python = "3.12"
+[model]
+name = "m"
+path = "m"
+[axes]
+sglang = ["0.5.9"]
+torch = ["pinned"]
+flashinfer = ["pinned"]
+cuda = ["12.8"]
+gpu = ["b200"]
+mode = ["baseline"]
+[gpu.b200]
+arch = "sm_100"
+count = 1
+[cuda."12.8"]
+index_url = "http://127.0.0.1:{port}/simple"
+[bench]
+concurrency = [1]
+input_len = 8
+output_len = 8
+prompts_per_concurrency = 2
+"""
+
+
+def test_sigterm_to_lock_ends_its_uv_too(project: Path):
+    """L11: an index that accepts and never answers keeps `uv pip compile` waiting; SIGTERM to `servematrix lock`
+    kills that uv (it was left running with ppid 1, until uv's own timeout) and exits 130."""
+    import signal
+    import socket
+
+    import psutil
+
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not on PATH")
+    index = socket.socket()
+    index.bind(("127.0.0.1", 0))
+    index.listen(64)  # accepted by the kernel, never answered
+    (project / "hang.toml").write_text(HANGING_LOCK.format(port=index.getsockname()[1]))
+    env = {**os.environ, "SERVEMATRIX_ENGINES": "", "UV_CACHE_DIR": str(project / "uv-cache"), "UV_HTTP_TIMEOUT": "120"}
+    lock = subprocess.Popen(
+        [sys.executable, "-m", "servematrix", "lock", "hang.toml", "--out", "locks"],
+        cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        uv: list[psutil.Process] = []
+        while not uv and time.monotonic() < deadline and lock.poll() is None:
+            time.sleep(0.2)
+            uv = [p for p in psutil.Process(lock.pid).children(recursive=True) if "uv" in p.name()]
+        assert uv, "uv never started"
+        time.sleep(1)
+        lock.send_signal(signal.SIGTERM)
+        _, err = lock.communicate(timeout=30)
+        _, alive = psutil.wait_procs(uv, timeout=10)
+        for proc in alive:
+            proc.kill()
+        assert not alive, "uv outlived lock"
+        assert lock.returncode == 130, err
+        assert "Traceback" not in err and "interrupted" in err
+    finally:
+        if lock.poll() is None:
+            lock.kill()
+            lock.communicate()
+        index.close()
