@@ -1279,3 +1279,22 @@ def test_sigterm_to_lock_ends_its_uv_too(project: Path):
             lock.kill()
             lock.communicate()
         index.close()
+
+
+# ------------------------------------------------------------------------ Low (L12): a gzip bomb for bisect
+
+
+def test_bisect_against_a_gzip_bomb_index_page_is_one_line(project: Path, capsys: pytest.CaptureFixture[str]):
+    """L12: the project page is 256 kB of gzip that inflates to 256 MiB of JSON (the attack's inflated to 1.5 GB,
+    a MemoryError): bisect reads it no further than the page bound and says so in one line (exit 2)."""
+    from servematrix.formats.indexpage import MAX_PAGE
+    from tests.unit.formats.test_indexpage import bomb, serve
+
+    body = bomb(4 * MAX_PAGE // 2**20)
+    for url in serve(body, "gzip"):
+        port = url.split(":")[2].split("/")[0]
+        (project / "bomb.toml").write_text(HANGING_LOCK.format(port=port))
+        code = main(["bisect", "bomb.toml", "--axis", "sglang", "--good", "0.5.9", "--bad", "0.5.10"])
+        assert code == 2
+        line = one_error_line(capsys)
+        assert "cannot read the releases of sglang" in line and "bytes once inflated" in line

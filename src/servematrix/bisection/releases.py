@@ -29,6 +29,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from servematrix.errors import InputError
+from servematrix.formats.indexpage import PageError, get_page
 from servematrix.formats.lockfile import PYPI_INDEX_URL
 
 # The variables that change uv's and pip's default index for them (the first one set wins).
@@ -62,11 +63,13 @@ def fetch_releases(package: str, index_url: str, *, client: httpx.Client | None 
     try:
         if client is None:
             with httpx.Client(verify=_tls(), timeout=TIMEOUT_S, follow_redirects=True) as own:
-                response = own.get(url, headers={"Accept": ACCEPT})
+                response = get_page(own, url, headers={"Accept": ACCEPT})
         else:
-            response = client.get(url, headers={"Accept": ACCEPT})
+            response = get_page(client, url, headers={"Accept": ACCEPT})
     except httpx.HTTPError as exc:
         raise InputError(f"cannot read the releases of {name} from {shown}: {type(exc).__name__}: {exc}") from None
+    except PageError as exc:  # a page past the bound once inflated (a gzip bomb), or in an unknown encoding
+        raise InputError(f"cannot read the releases of {name} from {shown}: {exc}") from None
     if response.status_code == 404:
         raise InputError(f"{name}: no such project on the index {shown}")
     if response.status_code != 200:

@@ -14,6 +14,7 @@ import httpx
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from servematrix.formats.indexpage import PageError, get_page
 from servematrix.formats.lockfile import PYPI_INDEX_URL
 
 ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -80,12 +81,13 @@ def release_date(package: str, version: str, index_url: str | None = None, *, ti
     url = f"{(index_url or PYPI_INDEX_URL).rstrip('/')}/{name}/"
     try:
         with httpx.Client(timeout=timeout_s, follow_redirects=True, trust_env=True) as client:
-            response = client.get(url, headers={"Accept": ACCEPT})
-        response.raise_for_status()
+            response = get_page(client, url, headers={"Accept": ACCEPT})
+        if response.status_code != 200:
+            raise ReleaseDateError(f"cannot read when {name} {version} was published: HTTP {response.status_code}")
         if "json" not in response.headers.get("content-type", ""):
             raise ReleaseDateError(f"the index answers {name} without upload times (no PEP 691 JSON)")
         files = response.json()["files"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+    except (httpx.HTTPError, PageError, ValueError, KeyError, TypeError) as exc:
         raise ReleaseDateError(
             f"cannot read when {name} {version} was published: {type(exc).__name__}: {exc}"
         ) from None
