@@ -31,7 +31,12 @@ def _error(*select: str) -> str:
         ("gpu=b300", "'b300'", "'b200'", "b200, rtx-pro-6000"),
         ("gpu=b200|rtx-pro-600", "'rtx-pro-600'", "'rtx-pro-6000'", "b200, rtx-pro-6000"),
         ("mode!=basline", "'basline'", "'baseline'", "baseline, breakable, full, piecewise"),
-        ("sglang=0.5.19", "'0.5.19'", "'0.5.9'", "0.5.6, 0.5.9, 0.5.10, 0.5.12, 0.5.14, 0.5.17, 0.5.23"),
+        (
+            "sglang=0.5.19",
+            "'0.5.19'",
+            "'0.5.9'",
+            "0.5.6, 0.5.9, 0.5.10, 0.5.12, 0.5.14, 0.5.15, 0.5.16, 0.5.17, 0.5.23",
+        ),
     ],
 )
 def test_an_unknown_value_lists_the_known_ones_and_suggests_the_closest(select, typo, suggested, known):
