@@ -489,7 +489,7 @@ class _Runner:
         return verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}")
 
     def _serving(self, run: _CellRun) -> Verdict | None:
-        if self._wants("probe"):  # what the cell's own pre-flights predicted, stored beside what it observes
+        if self._wants("probe") and run.outcomes:  # its own pre-flights' prediction (none ran: it has none)
             self._predicted[run.cell.id] = (
                 str(run.prediction) if run.prediction is not None else "pass",
                 self._outcomes(run.cell, run.state, run) or None,

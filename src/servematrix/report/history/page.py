@@ -10,7 +10,7 @@ from typing import Any
 from servematrix.report.bisectnote import notes
 from servematrix.report.escape import code, text
 from servematrix.report.history.record import Advance, verdict_kind
-from servematrix.report.history.track import track_record, track_record_markdown
+from servematrix.report.history.track import predicted_on, track_record, track_record_markdown
 from servematrix.store.rowschema import Row
 
 SHOWN = 8  # a cell's newest entries listed on the page; the feed has all of them
@@ -158,7 +158,8 @@ def history_view(advance: Advance | None, sections: Sequence[dict[str, Any]], ro
         "lines": advance.lines(),
         "track": found.line(),
         "contradicted": [
-            f"{c.cell_id}: predicted {c.predicted.get('verdict')} on a CPU ({str(c.predicted.get('date') or '')[:10]}, "
+            f"{c.cell_id}: predicted {c.predicted.get('verdict')} on {predicted_on(c.predicted)} "
+            f"({str(c.predicted.get('date') or '')[:10]}, "
             f"run {c.predicted.get('run_id')}); observed {c.observed.get('verdict')} on {c.observed.get('on')} "
             f"({str(c.observed.get('date') or '')[:10]}, run {c.observed.get('run_id')})"
             for c in found.contradicted

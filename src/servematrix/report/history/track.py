@@ -34,6 +34,12 @@ class Contradiction:
 
 
 CONFIRMED, CONTRADICTED, NOT_COMPARABLE = "confirmed", "contradicted", "not comparable"
+SERVED = "served"  # where a GPU run's own prediction was made: the interpreter it served with
+
+
+def predicted_on(entry: Mapping[str, Any]) -> str:
+    """Where a contradicted prediction was made, as the page and the table say it."""
+    return "the served interpreter" if entry.get("on") == SERVED else "a CPU"
 
 
 def score(predicted: str, observed: str) -> str:
@@ -82,6 +88,29 @@ class Scores:
         return out
 
 
+# Stages of a row's `preflight` that predict nothing about serving: a cell that did not resolve is never served.
+NOT_PREDICTIONS = frozenset({"resolve"})
+NOTHING_RAN = "no pre-flight ran on the served interpreter (each could not run there)"
+
+
+def _stages(row: Row | Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The row's pre-flight stages that predict serving, by name, with their stored outcomes."""
+    outcomes = row.get("preflight") or {}
+    return {
+        str(stage): found
+        for stage, found in outcomes.items()
+        if isinstance(found, Mapping) and stage not in NOT_PREDICTIONS
+    }
+
+
+def ran(row: Row | Mapping[str, Any]) -> bool:
+    """Whether the row's own prediction rests on a pre-flight that ran: a predicted failure, or a pre-flight
+    that passed or gave a verdict. A `pass` where each could not run (or none is stored) predicts nothing."""
+    if str(row.get("prediction") or "") != "pass":
+        return True
+    return any(found.get("outcome") in ("passed", "verdict") for found in _stages(row).values())
+
+
 def scored(rows: Iterable[Row | Mapping[str, Any]]) -> Scores:
     """Every row that carries its own prediction, scored (see the module doc)."""
     by_engine: dict[str, Counter[str]] = {}
@@ -92,13 +121,9 @@ def scored(rows: Iterable[Row | Mapping[str, Any]]) -> Scores:
         if not predicted or decided_on(row) == "cpu":
             continue
         engine = str(row.get("engine") or "")
-        pairs: list[tuple[str | None, str]] = [(None, score(str(predicted), observed))]
-        outcomes = row.get("preflight") or {}
-        pairs += [
-            (str(stage), stage_score(found, observed))
-            for stage, found in outcomes.items()
-            if isinstance(found, Mapping)
-        ]
+        whole = score(str(predicted), observed) if ran(row) else f"{NOT_COMPARABLE}: {NOTHING_RAN}"
+        pairs: list[tuple[str | None, str]] = [(None, whole)]
+        pairs += [(stage, stage_score(found, observed)) for stage, found in _stages(row).items()]
         for stage, found in pairs:
             head, _, reason = found.partition(": ")
             target = (
@@ -192,7 +217,7 @@ def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping
         predicted, verdict = row.get("prediction"), str(row.get("verdict") or "")
         if not predicted or decided_on(row) == "cpu" or verdict_kind(verdict) not in ("pass", "fail"):
             continue
-        if (str(row.get("cell_id")), str(row.get("run_id"))) in seen:
+        if (str(row.get("cell_id")), str(row.get("run_id"))) in seen or not ran(row):
             continue
         found = _prediction(str(predicted)) or (("pass", "passed the pre-flights") if predicted == "pass" else None)
         if found is None:
@@ -203,11 +228,18 @@ def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping
         counts[0] += int(held)
         counts[1] += 1
         if not held:
+            observed = entry_of(row)
             contradicted.append(
                 Contradiction(
                     cell_id=str(row.get("cell_id")),
-                    predicted={"verdict": predicted, "on": "cpu", "run_id": row.get("run_id"), "date": None},
-                    observed=entry_of(row),
+                    # made by the same run, on the interpreter it then served with
+                    predicted={
+                        "verdict": predicted,
+                        "on": SERVED,
+                        "run_id": row.get("run_id"),
+                        "date": observed.get("date"),
+                    },
+                    observed=observed,
                 )
             )
     return TrackRecord(
@@ -220,11 +252,12 @@ def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping
 def track_record_markdown(history: Mapping[str, Any] | None, rows: Sequence[Row]) -> str:
     """The track record for the recommendation: one line, then each contradicted prediction with both rows."""
     found = track_record(history, rows)
-    lines = [text(found.line()) + "\n"]
+    head, *scores = found.line().splitlines()  # the scores of GPU runs' own predictions: a line each
+    lines = [text(head) + "\n", *(f"- {text(line.strip())}" for line in scores), *([""] if scores else [])]
     for c in found.contradicted:
         p, o = c.predicted, c.observed
         lines.append(
-            f"- {code(c.cell_id)}: predicted {code(str(p.get('verdict')))} on a CPU "
+            f"- {code(c.cell_id)}: predicted {code(str(p.get('verdict')))} on {text(predicted_on(p))} "
             f"({text(str(p.get('date') or '')[:10])}, run {code(str(p.get('run_id')))}); observed "
             f"{code(str(o.get('verdict')))} on {text(str(o.get('on')))} ({text(str(o.get('date') or '')[:10])}, "
             f"run {code(str(o.get('run_id')))})"
