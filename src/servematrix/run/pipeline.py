@@ -502,10 +502,8 @@ class _Runner:
     def _probe(
         self, state: _EnvState, cell: Cell, run: _CellRun | None = None
     ) -> tuple[Verdict | None, tuple[str, ...]]:
-        """The engine's CPU pre-flights, in its data's order: the first verdict (a wrong flag is a failure, an
-        untraceable FP4 path predicts one) ends the cell, as the spec's firstresult says (`multicall`). One that
-        cannot run here predicts nothing. One that passes with evidence (a `pass` verdict: "the FP4 path
-        traces") adds it to what the cell shows; the evidence of those is returned beside the verdict."""
+        """The engine's CPU pre-flights in its data's order; the first verdict ends the cell (the spec's
+        firstresult, `multicall`). One that cannot run predicts nothing; a pass's evidence is returned too."""
         passed: list[str] = []
         engine = self.plan.spec.engine
         preflight = PreflightInput(
@@ -523,6 +521,9 @@ class _Runner:
         def call(name: str, check: Preflight) -> Verdict | None:
             """One pre-flight: its verdict, or None to let the next one run (a pass's evidence is kept)."""
             result: Verdict | None
+            if name in kept and kept[name].state:  # could not run, for a reason of its inputs: nor can it now
+                outcomes[name] = (None, kept[name].evidence, kept[name].state)
+                return None
             if name in kept:  # its key is today's: its published outcome, without running it (reuse.py)
                 result = kept[name].verdict or Verdict(kind="pass", evidence=kept[name].evidence)
             else:
@@ -566,8 +567,7 @@ class _Runner:
         return state.venv.python
 
     def _say_unavailable(self, name: str, cell: Cell, reason: str) -> None:
-        """A pre-flight that cannot run, said once per reason: a host without a package index would
-        otherwise say the same line for every cell."""
+        """A pre-flight that cannot run, said once per reason (a host without an index: not once a cell)."""
         if (name, reason) in self._unavailable_said:
             return
         self._unavailable_said.add((name, reason))

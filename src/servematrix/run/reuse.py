@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from servematrix.config.spec import model_config_dir
 from servematrix.engines import Engine, _engine_folders
@@ -63,6 +63,11 @@ REUSED_PREFIX = "reused: published "
 # What a stage's outcome may be: `resolved` and `passed` (with evidence, or none) let the next stage run,
 # `verdict` ended the cell; `unavailable` and `error` are never replayed.
 REPLAYED = ("resolved", "passed", "verdict")
+# A stage that could not run is replayed only where the reason is a fact of its inputs, not of the host: the load
+# probe ran in the lock's own environment and the stack refused to prepare (flashinfer-cubin 0.6.7.post2 beside
+# flashinfer 0.6.12 refuses to import). Every other reason (no index, no interpreter, an install that failed) is
+# the host's, and the stage runs again.
+INPUT_FAULTS = ("the load probe could not prepare:",)
 
 
 def _digest(data: bytes) -> str:
@@ -258,6 +263,7 @@ class Kept:
 
     verdict: Verdict | None  # the verdict it ended the cell with; None: it let the next stage run
     evidence: tuple[str, ...]
+    state: str = ""  # "unavailable": it could not run, for a reason of its inputs (INPUT_FAULTS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,8 +282,18 @@ class Replay:
 Reused = Replay
 
 
+def _replayable(stored: Any) -> TypeGuard[Mapping[str, Any]]:
+    if not isinstance(stored, Mapping):
+        return False
+    if stored.get("outcome") == "unavailable":
+        return any(str(e).startswith(INPUT_FAULTS) for e in stored.get("evidence") or [])
+    return stored.get("outcome") in REPLAYED
+
+
 def _kept(stored: Mapping[str, Any], row: Mapping[str, Any]) -> Kept:
     evidence = tuple(str(e) for e in stored.get("evidence") or [])
+    if stored.get("outcome") == "unavailable":
+        return Kept(verdict=None, evidence=evidence, state="unavailable")
     if stored.get("outcome") != "verdict":
         return Kept(verdict=None, evidence=evidence)
     named = naming.named_now({**row, "verdict": stored.get("verdict")})
@@ -295,7 +311,7 @@ def replay(row: Mapping[str, Any], keys: Mapping[str, str], cell: Cell) -> Repla
     changed: str | None = None
     for stage, key in keys.items():
         found = stored.get(stage)
-        if not isinstance(found, Mapping) or found.get("key") != key or found.get("outcome") not in REPLAYED:
+        if not _replayable(found) or found.get("key") != key:
             changed = changed or stage
             continue
         kept[stage] = _kept(found, row)
@@ -304,7 +320,7 @@ def replay(row: Mapping[str, Any], keys: Mapping[str, str], cell: Cell) -> Repla
     if changed is not None:
         return Replay(row=row, kept=kept, changed=changed)
     kind = cell.env.gpu
-    passed = [e for stage, k in kept.items() if stage not in ("resolve", "import") for e in k.evidence]
+    passed = [e for stage, k in kept.items() if stage not in ("resolve", "import") and not k.state for e in k.evidence]
     notes = [*passed, *(kept["import"].evidence if "import" in kept else ())]
     skipped = Verdict(
         kind="skipped", detail="no-gpu", excerpt=f"needs {kind.count}x {kind.arch}", evidence=tuple(notes)

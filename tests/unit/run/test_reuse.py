@@ -284,9 +284,10 @@ def test_the_product_matrix_stage_keys_follow_each_stage_s_own_code_and_data(tmp
 
 def test_record_check_a_reused_verdict_is_what_today_s_code_gives_on_the_published_evidence():
     """The published record: every pre-flight failure's class is what today's signatures name from its
-    published excerpt (stages/naming.py), and every row with stage outcomes replays to its own verdict."""
+    published excerpt (stages/naming.py), and every row with stage outcomes replays, under the keys today's
+    code gives it, to its own verdict: the README's first command reuses every published CPU verdict."""
     from servematrix.planning.plan import make_plan as plan_of
-    from servematrix.stages import naming
+    from servematrix.stages import STAGES, naming
 
     record = load_export(ROOT / "docs" / "results" / "latest.json")
     assert record is not None
@@ -299,11 +300,11 @@ def test_record_check_a_reused_verdict_is_what_today_s_code_gives_on_the_publish
             continue
         plan = plans.setdefault(row["matrix"], plan_of(ROOT / row["matrix"]))
         cell = next((c for c in plan.cells if c.id == cell_id), None)  # type: ignore[attr-defined]
-        if cell is None or not reuse.decided_on_a_cpu(row, cell.env):
+        if cell is None or not cell.applicable or not reuse.decided_on_a_cpu(row, cell.env):
             continue
-        keys = {stage: found["key"] for stage, found in row["preflight"].items()}
+        keys = reuse.Reuse(plan=plan, stages=STAGES, lock_dir=ROOT / "matrix" / "locks").keys_for(cell)  # type: ignore[arg-type]
         found = reuse.replay(row, keys, cell)
-        assert found.verdict is not None and str(found.verdict) == row["verdict"], cell_id
+        assert found.verdict is not None and str(found.verdict) == row["verdict"], (cell_id, found.changed)
     assert named >= 18  # the import check's dependency conflicts, named again from their excerpts
 
 
@@ -350,3 +351,28 @@ def test_a_gpu_run_pre_flights_itself_and_the_track_record_scores_a_planted_cont
     assert scores.by_preflight[("toyserve", "planted")][track.CONTRADICTED] == 1
     assert any(line.startswith("GPU runs' own CPU predictions, toyserve:") for line in scores.lines())
     assert Verdict  # the planted hook's verdict type, imported by the copied module
+
+
+def test_a_stage_that_could_not_run_for_a_reason_of_its_inputs_is_replayed_one_of_the_host_runs_again(toy):
+    """The load probe that ran in the lock's environment and found the stack refusing to prepare (flashinfer-cubin
+    beside another flashinfer) would find the same on any CPU: replayed, with its reason kept and no verdict. A
+    host's reason (no index reachable) is not a fact of the inputs: that stage runs again."""
+    plan, _locks, _engines = toy
+    cell = next(c for c in plan.cells if c.applicable)
+    keys = {"resolve": "r", "load": "l"}
+
+    def row(reason: str) -> dict:
+        load = {"key": "l", "outcome": "unavailable", "evidence": [reason]}
+        return {
+            "verdict": "skipped:no-gpu",
+            "preflight": {"resolve": {"key": "r", "outcome": "resolved"}, "load": load},
+        }
+
+    inputs = reuse.replay(
+        row("the load probe could not prepare: flashinfer-cubin 0.6.7.post2 is not 0.6.12"), keys, cell
+    )
+    assert inputs.changed is None and inputs.verdict is not None and str(inputs.verdict) == "skipped:no-gpu"
+    assert inputs.kept["load"].state == "unavailable" and inputs.kept["load"].verdict is None
+    assert not any("could not prepare" in e for e in inputs.verdict.evidence)  # not shown as a passing check's
+    host = reuse.replay(row("no package index is reachable from this host"), keys, cell)
+    assert host.changed == "load" and host.verdict is None
