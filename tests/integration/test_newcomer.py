@@ -153,7 +153,10 @@ def test_the_cpu_main_job_from_a_fresh_clone(clone):
 
 
 def test_the_default_matrix_resolves_on_a_cpu_host(clone):
-    done = _nox(clone, "-s", "matrix", "--", "--stages", "resolve", "--store", "resolve.sqlite", timeout=1800)
+    # --fresh: a resolve-only run would otherwise replay the published resolve outcomes (their keys are today's)
+    done = _nox(
+        clone, "-s", "matrix", "--", "--stages", "resolve", "--fresh", "--store", "resolve.sqlite", timeout=1800
+    )
     assert done.returncode == 0
     assert "Traceback" not in done.stdout + done.stderr
     output = done.stdout + done.stderr
@@ -165,7 +168,9 @@ def test_the_default_matrix_resolves_on_a_cpu_host(clone):
     assert _announced(output)[1] == ("resolve",)
     assert "servematrix: backend: none used" in output  # nothing is built on this host: no backend named
     # Unchanged: nothing is announced, nothing runs (a cell the network failed is retried, and announced).
-    again = _nox(clone, "-s", "matrix", "--", "--stages", "resolve", "--store", "resolve.sqlite", timeout=1800)
+    again = _nox(
+        clone, "-s", "matrix", "--", "--stages", "resolve", "--fresh", "--store", "resolve.sqlite", timeout=1800
+    )
     assert again.returncode == 0
     retried = sum(v.startswith("error") for v in verdicts.values())
     said = again.stdout + again.stderr
