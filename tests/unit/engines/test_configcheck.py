@@ -449,10 +449,7 @@ def test_the_real_releases(tmp_path_factory, version, verdict):
         cache_dir=cache,
         model_config=model_config_dir(plan.spec),
     )
-    try:
-        result = PREFLIGHTS["config"](inp)
-    except PreflightUnavailable as exc:
-        pytest.skip(f"the config check cannot run here: {exc}")
+    result = PREFLIGHTS["config"](inp)  # CI reaches the index: a check that cannot run is a failure here
     assert str(result) == verdict, result
     text = "\n".join(result.evidence)
     assert f"sglang {version} never reads SGLANG_ENABLE_DEEP_GEMM" in text
