@@ -190,9 +190,9 @@ def test_a_report_of_two_matrices_counts_each_and_explains_an_empty_heatmap(tmp_
     from servematrix.store.store import Row
     from tests.unit.report.test_site import sglang_rows
 
-    measured = [Row(values={**r.values, "finished_at": "2026-06-01T00:00:00+00:00"}) for r in sglang_rows()]
+    measured = [Row.of({**r.values, "finished_at": "2026-06-01T00:00:00+00:00"}) for r in sglang_rows()]
     cpu_only = [
-        Row(values={**r.values, "cell_id": f"p{i}", "env_id": f"p-{r['env_id']}", "matrix": "matrix/preflight.toml",
+        Row.of({**r.values, "cell_id": f"p{i}", "env_id": f"p-{r['env_id']}", "matrix": "matrix/preflight.toml",
                     "verdict": "skipped:no-gpu", "metrics": None, "finished_at": "2026-07-01T00:00:00+00:00"})
         for i, r in enumerate(sglang_rows())
     ]  # fmt: skip

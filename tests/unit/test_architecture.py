@@ -187,6 +187,7 @@ LAYERS = (
     "servematrix.util",
     "servematrix.data",  # packaged data files, no code
     "servematrix.formats",
+    "servematrix.records",  # typed rows, history entries and the published cell: pure data, no engine
     "servematrix.engines",
     "servematrix.config",
     "servematrix.store",

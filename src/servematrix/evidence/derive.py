@@ -111,7 +111,7 @@ def apply(rows: Sequence[Row], derived: Mapping[str, CellEvidence] | None = None
             if found.changed:
                 shown["verdict"] = found.verdict
                 shown["own_verdict"] = found.own_verdict
-        out.append(Row(values=shown) if isinstance(row, Row) else shown)  # type: ignore[arg-type]
+        out.append(Row.of(shown) if isinstance(row, Row) else shown)  # type: ignore[arg-type]
     return out
 
 

@@ -405,8 +405,8 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
         merged.update({cell: current[cell] for cell in absent})
     # What is published names no host path (a traceback's frames, an interpreter), rendered pages included.
     published_rows_ = [
-        Row(
-            values={
+        Row.of(
+            {
                 **(row.values if isinstance(row, Row) else row),
                 "excerpt": bounded_excerpt(scrub_host_paths(str(row.get("excerpt") or ""))) or row.get("excerpt"),
                 "evidence": [scrub_host_paths(str(e)) for e in bounded_evidence(row.get("evidence") or [])],
@@ -416,7 +416,7 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
         for row in merged.values()
     ]
     # A pre-flight failure's class is named again from its excerpt by today's signatures (stages/naming.py).
-    published_rows_ = [Row(values=naming.renamed(row.values)) for row in published_rows_]
+    published_rows_ = [Row.of(naming.renamed(row.values)) for row in published_rows_]
     ordered = tuple(sorted(published_rows_, key=lambda r: (str(r["env_id"]), str(r["mode"]), str(r["cell_id"]))))
     return Publication(
         rows=ordered,

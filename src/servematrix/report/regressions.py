@@ -31,20 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.formats.verdict import observed, unserved
+from servematrix.records.published import SCHEMA, PublishedCell, cell_problem
 from servematrix.stages import bench
 from servematrix.store.redact import bounded_evidence, bounded_excerpt
 from servematrix.store.rowschema import COLUMNS, Row, row_problem
 from servematrix.util import atomic_write
 
-SCHEMA = 1
 MIN_DROP = 0.10
 MARGIN = 0.10
 FAILED_KINDS = frozenset({"fail", "unresolvable", "predicted-fail"})
-# The row fields the published record keeps; pids, log paths and the run's status stay in the store.
-# Everything but local run state (status, pids, log paths, metrics, which is exported trimmed), plus a
-# `prediction` field, kept when a row carries it.
-_LOCAL_ONLY = frozenset({"status", "metrics", "harness_pid", "server_pid", "server_pgid", "log_path"})
-EXPORTED = (*(c for c in COLUMNS if c not in _LOCAL_ONLY), "prediction")
+# The row fields the published record keeps, named once by its model (records/published.py): pids, log paths
+# and the run's status stay in the store; metrics is exported trimmed; `prediction` is kept when a row has one.
+EXPORTED = tuple(c for c in COLUMNS if c in PublishedCell.model_fields and c != "metrics")
 LEVEL_FIELDS = (
     "concurrency",
     "output_tok_s",
@@ -159,6 +157,7 @@ def load_export(path: Path) -> dict[str, Any] | None:
         raise ValueError(f"{path}: not a servematrix results export (schema {SCHEMA})")
     for cell, entry in data["cells"].items():  # what a crafted record names reaches pages and file names
         problem = row_problem(entry) if isinstance(entry, dict) else "not a table"
+        problem = problem or cell_problem(entry)  # the record's shape, as its model names it
         if problem is None and entry.get("cell_id") != cell:
             problem = f"its cell_id {str(entry.get('cell_id'))[:80]!r} is not its key"
         if problem is not None:
@@ -172,8 +171,8 @@ def published_rows(export: Mapping[str, Any]) -> list[Row]:
     for entry in export["cells"].values():
         values = {k: v for k, v in entry.items() if k != "previous"}
         values.setdefault("status", "finished")
-        rows.append(Row(values=values))
-    return sorted(rows, key=lambda r: (r["env_id"], r["mode"]))
+        rows.append(Row.of(values))
+    return sorted(rows, key=lambda r: (r.env_id, r.mode))
 
 
 def portable_argv(argv: Iterable[str], root: Path) -> list[str]:

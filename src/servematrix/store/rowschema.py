@@ -11,12 +11,16 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from servematrix.errors import InputError
+
+# The row and its columns are named once, in records/row.py; re-exported for the store's readers.
+from servematrix.records.row import COLUMNS as COLUMNS
+from servematrix.records.row import JSON_COLUMNS as JSON_COLUMNS
+from servematrix.records.row import Row as Row
 from servematrix.store import redact
 
 SCHEMA = """
@@ -73,44 +77,6 @@ CREATE TABLE IF NOT EXISTS packed_jobs (
 );
 """
 PACKED_COLUMNS = ("run_id", "env_id", "host_gpus", "gpus", "cpus", "cells", "estimate_s", "start_s", "end_s")
-
-COLUMNS = (
-    "run_id",
-    "cell_id",
-    "env_id",
-    "engine",
-    "mode",
-    "matrix",
-    "axes",
-    "inputs_hash",
-    "status",
-    "verdict",
-    "excerpt",
-    "evidence",
-    "metrics",
-    "argv",
-    "redacted_flags",
-    "lock_hash",
-    "lock_file",
-    "crossed_pins",
-    "image_digest",
-    "backend",
-    "host",
-    "harness_pid",
-    "server_pid",
-    "server_pgid",
-    "log_path",
-    "stages",
-    "preflight_hash",
-    "preflight",
-    "prediction",
-    "started_at",
-    "finished_at",
-)
-JSON_COLUMNS = frozenset(
-    {"axes", "evidence", "metrics", "argv", "redacted_flags", "crossed_pins", "host", "stages", "preflight"}
-)
-
 
 # Columns a row cannot be read without: an input missing one of them is not a servematrix store.
 REQUIRED_COLUMNS = ("run_id", "cell_id", "env_id", "engine", "mode", "matrix", "axes", "inputs_hash", "status")
@@ -235,17 +201,6 @@ def row_error(where: Path | str, values: Mapping[str, Any]) -> InputError | None
     if problem is None:
         return None
     return InputError(f"{where}: row {values.get('run_id')!s:.40}/{values.get('cell_id')!s:.40}: {problem}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Row:
-    values: Mapping[str, Any]
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
 
 
 def _engine_secret_flags() -> frozenset[str]:

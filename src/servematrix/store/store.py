@@ -351,7 +351,7 @@ class Store:
         error = row_error(self.path, values)
         if error is not None:
             raise error
-        return Row(values=values)
+        return Row.of(values)
 
     def merge(self, inputs: Sequence[Path]) -> list[int]:
         """Copy the rows of every input: all of them, or (on any error in any input) none.

@@ -55,7 +55,7 @@ def test_a_matrix_with_the_package_axis_needs_only_the_version(tmp_path, monkeyp
 
 
 def test_the_failure_page_names_the_pin_and_the_command(tmp_path: Path):
-    rows = [Row(values=row()), Row(values=row(sglang="0.5.14"))]
+    rows = [Row.of(row()), Row.of(row(sglang="0.5.14"))]
     write_failure_pages(failure_classes(rows), rows, tmp_path)
     page = (tmp_path / "import-dependency-conflict.md").read_text(encoding="utf-8")
     fixes = page[page.index("## Fixes that are packages") : page.index("## Cells that failed with it")]

@@ -255,10 +255,9 @@ def test_an_advisory_predicts_or_marks_and_is_cited(matrices):
 
 def test_apply_shows_the_derived_verdict_and_keeps_the_own_one(matrices):
     source = _failed("src", matrices["lane"], OP_SCHEMA)
-    target = Row(values=_row("tgt", matrices["product"], "b200", "breakable", "skipped:no-gpu", evidence=["load: x"]))
+    target = Row.of(_row("tgt", matrices["product"], "b200", "breakable", "skipped:no-gpu", evidence=["load: x"]))
     shown = {
-        r["cell_id"]: r
-        for r in apply([Row(values=source), target], derive([source, target.values], advise=lambda r: {}))
+        r["cell_id"]: r for r in apply([Row.of(source), target], derive([source, target.values], advise=lambda r: {}))
     }
     assert isinstance(shown["tgt"], Row)
     assert shown["tgt"]["verdict"] == "predicted-fail:graph-capture-failed"

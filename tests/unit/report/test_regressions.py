@@ -39,8 +39,8 @@ def level(concurrency: int, lo: float, med: float, hi: float) -> dict[str, Any]:
 
 
 def row(cell: str = "c1", verdict: str = "pass", run: str = "r1", levels: list | None = None, **extra: Any) -> Row:
-    return Row(
-        values={
+    return Row.of(
+        {
             "run_id": run,
             "cell_id": cell,
             "env_id": "e1",
@@ -103,7 +103,7 @@ def test_another_workloads_figures_are_never_a_regression():
 
     def measured(run: str, tok_s: float, workload: dict[str, Any]) -> Row:
         r = row(run=run, levels=[level(1, tok_s * 0.99, tok_s, tok_s * 1.01)])
-        return Row(values={**r.values, "metrics": {**r.values["metrics"], "workload": workload}})
+        return Row.of({**r.values, "metrics": {**r.values["metrics"], "workload": workload}})
 
     before = published(measured("r1", 100.0, long))
     assert detect_regressions([measured("r2", 10.0, short)], before) == []

@@ -116,7 +116,7 @@ def row(
         "finished_at": "2026-01-01T00:10:00+00:00",
         **extra,
     }
-    return Row(values=values)
+    return Row.of(values)
 
 
 DYNAMO_EXCERPT = (
@@ -356,7 +356,7 @@ def test_plots_are_deterministic_and_skip_matrices_with_nothing_to_draw(tmp_path
 
 def test_transformers_heatmap_uses_transformers_by_torch(tmp_path: Path):
     rows = [
-        Row(values={**r.values, "engine": "transformers", "matrix": "matrix/cpu.toml",
+        Row.of({**r.values, "engine": "transformers", "matrix": "matrix/cpu.toml",
                     "axes": {"transformers": t, "torch": "2.9.1", "gpu": "cpu"}, "env_id": f"e{t}",
                     "mode": {"baseline": "static", "piecewise": "continuous-batching"}[r["mode"]]})
         for r, t in ((sglang_rows()[4], "5.5.4"), (sglang_rows()[5], "5.5.4"))
@@ -610,7 +610,7 @@ def test_a_longer_ttft_beyond_the_noise_is_a_regression():
 
     before = sglang_rows()
     slower = [
-        Row(values={**r.values, "run_id": "run-2", "metrics": with_prefill(r["metrics"], (0.060, 0.061))})
+        Row.of({**r.values, "run_id": "run-2", "metrics": with_prefill(r["metrics"], (0.060, 0.061))})
         if r["cell_id"] == "c2" else r
         for r in before
     ]  # fmt: skip
@@ -625,9 +625,9 @@ def test_a_longer_ttft_beyond_the_noise_is_a_regression():
 def test_each_matrix_has_its_own_counts_and_the_one_run_last_leads(tmp_path: Path):
     # Two matrices in one report (issue 27): the badges of one never mix with the other's, and the matrix
     # whose cells finished last comes first, in the table and on the page.
-    older = [Row(values={**r.values, "finished_at": "2025-01-01T00:00:00+00:00"}) for r in sglang_rows()]
+    older = [Row.of({**r.values, "finished_at": "2025-01-01T00:00:00+00:00"}) for r in sglang_rows()]
     newer = [
-        Row(values={**r.values, "cell_id": f"t{i}", "matrix": "matrix/other.toml", "env_id": f"o{i}",
+        Row.of({**r.values, "cell_id": f"t{i}", "matrix": "matrix/other.toml", "env_id": f"o{i}",
                     "finished_at": "2026-06-01T00:00:00+00:00"})
         for i, r in enumerate(sglang_rows()[4:6])
     ]  # fmt: skip
@@ -643,7 +643,7 @@ def test_each_matrix_has_its_own_counts_and_the_one_run_last_leads(tmp_path: Pat
 
 def _without_correctness(row_: Row) -> Row:
     metrics_ = {k: v for k, v in (row_.get("metrics") or {}).items() if k != "correctness"}
-    return Row(values={**row_.values, "metrics": metrics_})
+    return Row.of({**row_.values, "metrics": metrics_})
 
 
 def test_a_pass_measured_before_the_correctness_check_is_not_judged_and_says_so(tmp_path: Path):
@@ -660,8 +660,8 @@ def test_a_pass_measured_before_the_correctness_check_is_not_judged_and_says_so(
     assert unchecked.headline.verdict == "indeterminate"
     assert "indeterminate: output not checked against the baseline" in unchecked.headline.range_text
     # a mode checked against no baseline answers is not judged either
-    no_base = Row(
-        values={
+    no_base = Row.of(
+        {
             **rows["c2"].values,
             "metrics": {
                 **rows["c2"]["metrics"],
@@ -682,13 +682,16 @@ def test_a_pass_measured_before_the_correctness_check_is_not_judged_and_says_so(
 
 def test_the_published_record_keeps_each_modes_correctness_and_capture_times_not_its_answers(tmp_path: Path):
     rows = sglang_rows()
-    c2 = next(r for r in rows if r["cell_id"] == "c2")
-    c2.values["metrics"] = {
-        **c2["metrics"],
-        "correctness": {**MATCHED, "answers": {"1": [{"tokens": ["a"], "top": []}]}},
-        "capture_s": {"piecewise CUDA graph": 6.8},
-        "capture_s_by_start": [{"piecewise CUDA graph": 6.8, "cuda graph": 64.5}, {"piecewise CUDA graph": 8.3}],
-    }
+    at = next(i for i, r in enumerate(rows) if r.cell_id == "c2")
+    c2 = rows[at]
+    rows[at] = c2.replace(
+        metrics={
+            **(c2.metrics or {}),
+            "correctness": {**MATCHED, "answers": {"1": [{"tokens": ["a"], "top": []}]}},
+            "capture_s": {"piecewise CUDA graph": 6.8},
+            "capture_s_by_start": [{"piecewise CUDA graph": 6.8, "cuda graph": 64.5}, {"piecewise CUDA graph": 8.3}],
+        }
+    )
     first = build_report(rows, tmp_path / "a", baseline=None)
     export = load_export(first.results)
     assert export is not None
@@ -750,11 +753,10 @@ def test_a_published_cell_its_matrix_no_longer_plans_is_reproduced_by_its_id_now
     def lane_row(cell: str, sglang: str, **extra: Any) -> Row:
         found = row(cell, sglang=sglang, flashinfer="pinned", mode="baseline", verdict="pass", gpu="h200",
                     matrix=lane, backend="existing", **extra)  # fmt: skip
-        found.values["axes"] = {**axes, "sglang": sglang, "gpu": "h200"}
-        return found
+        return found.replace(axes={**axes, "sglang": sglang, "gpu": "h200"})
 
     stale, lost = lane_row("5ta1e0000000", "0.5.12"), lane_row("1057a0000000", "0.5.9")
-    fresh = Row(values={**lane_row(current.id, "0.5.15").values, "axes": dict(current.env.axes)})
+    fresh = Row.of({**lane_row(current.id, "0.5.15").values, "axes": dict(current.env.axes)})
     gone = row("90e0000000aa", sglang="0.5.9", flashinfer="pinned", mode="baseline", verdict="pass",
                matrix="matrix/gone.toml")  # fmt: skip
     result = build_report([stale, lost, fresh, gone], tmp_path / "site", baseline=None, write_record=False)

@@ -1,0 +1,10 @@
+"""Records: the typed shapes of what servematrix stores and publishes, each field named once.
+
+- `row.py`: a cell run as the store holds it (`Row`, one field per column, plus what the report's evidence
+  layer shows beside a row).
+- `published.py`: the published record, `docs/results/latest.json` (`PublishedCell`, `PublishedRecord`), and
+  its JSON schema, generated from the model.
+
+Pure data: it imports nothing of servematrix but `errors` and `formats`. Reading and writing them (the
+database, the files, their checks against crafted input) belong to `store/` and `report/`.
+"""
