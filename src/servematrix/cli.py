@@ -20,7 +20,7 @@ from servematrix.releases.command import cmd_releases
 from servematrix.report import command as reporting
 from servematrix.report.command import TABLE_NAME
 from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
-from servematrix.run import hostinfo
+from servematrix.run import hostinfo, pool
 from servematrix.store.store import DEFAULT_STORE
 from servematrix.util import interrupt_on_signals
 
@@ -109,6 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         published=PUBLISHED,
         trust_probe=args.trust_probe,
         model_roots=tuple(args.model_root),
+        jobs=args.jobs or pool.room(args.workdir / "cache", plan.spec.engine).jobs,
     )
     for line in preamble(plan, options):
         _say(line)

@@ -545,6 +545,18 @@ OPTIONS: tuple[Option, ...] = (
         commands=("run",),
     ),
     Option(
+        flags=("--jobs", "-j"),
+        type=int,
+        metavar="N",
+        help="how many environments' CPU pre-flights (resolve, import check, the engine's own such as sglang's "
+        "load) run at once, each in a process of its own: while one environment's lock installs and imports, "
+        "another's load pre-flight runs. Only environments this host does not serve; served ones run one at a "
+        "time. Default: what this host has room for, a core, 3 GB of available memory and one import check's disk "
+        "(the engine's import_check cost_gb) each; 1: one environment at a time, in this process",
+        check=at_least_one,
+        commands=("run",),
+    ),
+    Option(
         flags=("--trust-probe",),
         action="store_true",
         help="do not run GPU stages for cells the CPU probe predicts to fail (default: run them to check it)",

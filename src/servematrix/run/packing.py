@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -51,8 +51,9 @@ from servematrix.planning.schedule import (
     simulate,
 )
 from servematrix.run import hostinfo
+from servematrix.run.progress import RunProgress
 from servematrix.run.reaper import reap_orphans
-from servematrix.run.runplan import RunOptions, gpu_ready
+from servematrix.run.runplan import RunOptions, Summary, gpu_ready
 from servematrix.stages.bench_worker import format_cpus
 from servematrix.store.store import Store
 
@@ -70,8 +71,9 @@ class PackedJob:
     max_cells: int
     options: RunOptions
     backend: Backend
-    placement: Placement
+    placement: Placement | None  # None: a pre-flight job (run/pool.py), on no GPU and any CPU
     harness_pid: int
+    relay: bool = False  # its progress as events for the harness to show (progress.relay_to)
 
 
 @dataclass(kw_only=True)
@@ -82,6 +84,14 @@ class Packed:
     spans: list[Span] = field(default_factory=list)
     verdicts: dict[str, str] = field(default_factory=dict)  # cell id -> verdict (cells the jobs finished)
     failed: dict[str, str] = field(default_factory=dict)  # env id -> why its job died (an exit code, its log)
+    reused: int = 0  # of those, cells whose published verdict a job reused
+    owned: dict[str, int] = field(default_factory=dict)  # cell id -> pid of the live run a job left it to
+
+    def add_to(self, summary: Summary) -> None:
+        """The jobs' verdicts and counts into the run's summary."""
+        summary.verdicts.update(self.verdicts)
+        summary.reused += self.reused
+        summary.skipped_owned.update(self.owned)
 
     def line(self) -> str:
         """The end summary's line: the makespan against its lower bound."""
@@ -155,7 +165,7 @@ def run_packed(
     *,
     store: Store,
     console: Console,
-    finished: Callable[[Cell, str], None],
+    progress: RunProgress,
 ) -> Packed:
     """Run the jobs, longest first, each on its GPUs as they free up; the store keeps where and when each ran.
     SIGINT/SIGTERM (KeyboardInterrupt) stops every job before it is raised again."""
@@ -214,11 +224,11 @@ def run_packed(
                     end_s=end_s,
                 )
                 reap_orphans(store)  # what a job that died left running
-                verdicts = _verdicts(store, options.run_id, envs[done.job.key])
+                verdicts = finished_verdicts(store, options.run_id, envs[done.job.key])
                 outcome.verdicts.update(verdicts)
                 for cell in envs[done.job.key]:
                     if cell.id in verdicts:
-                        finished(cell, verdicts[cell.id])
+                        progress.finished(cell, verdicts[cell.id])
                 code = done.process.returncode
                 if code:
                     outcome.failed[done.job.key] = f"its packed job's process exited {code}; its log: {done.log}"
@@ -267,7 +277,7 @@ def _stop(running: Sequence[_Running]) -> None:
             job.process.wait()
 
 
-def _verdicts(store: Store, run_id: str, cells: Sequence[Cell]) -> dict[str, str]:
+def finished_verdicts(store: Store, run_id: str, cells: Sequence[Cell]) -> dict[str, str]:
     wanted = {c.id for c in cells}
     return {
         r["cell_id"]: r["verdict"]

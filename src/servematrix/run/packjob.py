@@ -1,14 +1,16 @@
-"""One job of a packed run, in a process of its own: `python -m servematrix.run.packjob`, its job on stdin.
+"""One job of a packed run, or of a concurrent pre-flight (`pool.py`: no GPUs, its progress relayed to the
+harness as events), in a process of its own: `python -m servematrix.run.packjob`, its job on stdin.
 
 It ends with the harness that started it (PR_SET_PDEATHSIG: SIGTERM when the harness dies, SIGKILL included),
 runs on its GPUs (CUDA_VISIBLE_DEVICES, numbered as nvidia-smi numbers them) and CPUs (its affinity, which its
 servers and benchmark client inherit), and runs its cells through the ordinary pipeline. SIGTERM and SIGINT
 stop it as they stop a run: its servers are torn down and its cell is marked interrupted (exit 130). The
-harness (`packing.py`) reads the verdicts from the store.
+harness (`packing.py`, `pool.py`) reads the verdicts from the store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pickle
@@ -20,24 +22,34 @@ from rich.console import Console
 from servematrix.config.spec import load_spec
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.planning.plan import plan_spec
+from servematrix.run import progress
 from servematrix.run.packing import PackedJob
 from servematrix.run.pipeline import run_plan
+from servematrix.run.pool import JOB_PATH_ENV
+from servematrix.util import interrupt_on_signals
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 EXIT_INTERRUPTED = 130
 
 
 def main() -> int:
+    found = os.environ.pop(JOB_PATH_ENV, "")  # a pre-flight job's harness's import path (pool.py)
+    sys.path += [path for path in found.split(os.pathsep) if path and path not in sys.path]
     job: PackedJob = pickle.load(sys.stdin.buffer)  # written by the harness that started this process
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
     try:
         _end_with(job.harness_pid)
-        os.sched_setaffinity(0, job.placement.cpus)
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in job.placement.gpus)
-        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's own order is fastest first, not nvidia-smi's
+        if job.placement is not None:
+            os.sched_setaffinity(0, job.placement.cpus)
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in job.placement.gpus)
+            os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's own order is fastest first, not nvidia-smi's
+        if job.relay:
+            progress.relay_to(sys.stdout)
         plan = plan_spec(load_spec(job.matrix), [f"id={'|'.join(job.cell_ids)}"], max_cells=job.max_cells)
-        run_plan(plan, job.backend, job.options, console=Console(file=sys.stdout, width=160))
+        with interrupt_on_signals() if job.relay else contextlib.nullcontext():  # as `servematrix run` runs
+            summary = run_plan(plan, job.backend, job.options, console=Console(file=sys.stdout, width=160))
+        progress.relay({"reused": summary.reused, "owned": summary.skipped_owned})
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except InputError as exc:

@@ -30,7 +30,7 @@ from servematrix.formats.verdict import Verdict
 from servematrix.planning.cells import Cell, Environment
 from servematrix.planning.plan import Plan
 from servematrix.report.history import track
-from servematrix.run import hostinfo, ports, reuse, selfcheck
+from servematrix.run import hostinfo, pool, ports, reuse, selfcheck
 from servematrix.run.models import ModelBuildError, StackImportError
 from servematrix.run.packing import Packed, jobs_to_pack, run_packed
 from servematrix.run.progress import RunProgress, print_summary, skip_message, wrap_free
@@ -159,12 +159,15 @@ class _Runner:
         total = sum(len(c) for c in todo.values())
         if self.summary.skipped_unchanged:
             wrap_free(self.console, skip_message(self.summary.skipped_unchanged))
-        check_imports_ahead(self.plan, self.options, todo, self._reuse, self._stage_note)
         packed = jobs_to_pack(self.plan, todo)
+        # Pre-flights side by side (pool.py): each job checks its own imports, as many at once as the pool runs.
+        pooled = pool.envs_to_pool(self.plan, self.options, todo, self._reuse, but=packed)
+        alone = {env_id: cells for env_id, cells in todo.items() if env_id not in pooled}
+        check_imports_ahead(self.plan, self.options, alone, self._reuse, self._stage_note)
         self._progress = RunProgress(self.console, title=spec.path.name, total=total)
         with self._progress.shown():
             by_id = {c.id: c for c in self.plan.cells}
-            for env_id, cells in todo.items():
+            for env_id, cells in alone.items():
                 if env_id in packed:
                     continue  # run below, at the same time as the others on this host's GPUs
                 state = _EnvState(env=cells[0].env)
@@ -177,7 +180,9 @@ class _Runner:
                     self._progress.finished(by_id[cell_id], self.summary.verdicts.get(cell_id, "?"))
                 if state.venv is not None:
                     state.venv.close()
-            packing = self._run_packed(packed) if packed else None
+            if pooled:
+                self._run_jobs(pooled, pool.run_pooled)
+            packing = self._run_jobs(packed, run_packed) if packed else None
         if self.summary.skipped_owned:
             owners = sorted(set(self.summary.skipped_owned.values()))
             self.console.print(
@@ -188,19 +193,13 @@ class _Runner:
         if packing is not None:
             wrap_free(self.console, packing.line())
 
-    def _run_packed(self, envs: Mapping[str, Sequence[Cell]]) -> Packed:
-        """The environments that need this host's GPUs, packed onto them (packing.py). A cell whose job died
-        before deciding it is the harness's fault."""
-        packed = run_packed(
-            self.plan,
-            self.backend,
-            self.options,
-            envs,
-            store=self.store,
-            console=self.console,
-            finished=self._progress.finished,
+    def _run_jobs(self, envs: Mapping[str, Sequence[Cell]], run: Callable[..., Packed]) -> Packed:
+        """Environments in jobs of their own: packed onto this host's GPUs (packing.py), or pre-flights side by
+        side (pool.py). A cell whose job died before deciding it is the harness's fault."""
+        packed = run(
+            self.plan, self.backend, self.options, envs, store=self.store, console=self.console, progress=self._progress
         )
-        self.summary.verdicts.update(packed.verdicts)
+        packed.add_to(self.summary)
         for env_id, why in packed.failed.items():
             for cell in envs[env_id]:
                 if cell.id not in packed.verdicts:
@@ -393,7 +392,7 @@ class _Runner:
         if resolved is None or resolved.status != "resolved" or resolved.lockfile is None:
             return None
         self._stage(cell, "import")
-        checked = importcheck.import_check(
+        checked = pool.import_check(  # one process at a time per lock key (pool.py)
             resolved.lockfile,
             self.plan.spec.engine,
             python_version=state.env.python,

@@ -11,6 +11,7 @@ nothing else.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import threading
 import time
@@ -18,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import psutil
 from rich.console import Console
@@ -133,6 +135,36 @@ def free_disk_gb(path: Path) -> float | None:
 
 # -------------------------------------------------------------------------------------------- the run
 
+# A job of a concurrent pre-flight (run/pool.py) is a process of its own, whose output its harness reads: there
+# each cell's stages and verdict are events on a line of their own, which the harness shows in its one display
+# with the run's own count (its lines name their cell and environment, whichever job sent them).
+RELAY_MARK = "servematrix-progress "
+_relay: list[IO[str]] = []  # where this process's events go, once `relay_to` is called (a job's stdout)
+
+
+def relay_to(stream: IO[str]) -> None:
+    """This process is a job of a concurrent run: its progress goes to `stream` as events, and no summary."""
+    _relay[:] = [stream]
+
+
+def relay(event: Mapping[str, Any]) -> bool:
+    """Send an event to the harness, if this process is a job of one (`relay_to`); whether it was sent."""
+    if not _relay:
+        return False
+    print(RELAY_MARK + json.dumps(event, separators=(",", ":")), file=_relay[0], flush=True)
+    return True
+
+
+def relayed(line: str) -> dict[str, Any] | None:
+    """The event a job's line carries, or None for any other line of its output."""
+    if not line.startswith(RELAY_MARK):
+        return None
+    try:
+        event = json.loads(line[len(RELAY_MARK) :])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
 
 def received_bytes() -> int:
     """Bytes this host has received over its network interfaces (loopback left out: that is the benchmark
@@ -206,6 +238,9 @@ class RunProgress:
         """A cell entered a stage."""
         with self._lock:
             self._current = (cell, name, time.monotonic(), self._safe_downloaded())
+        if relay({"cell": cell.id, "stage": name}):
+            self._last_line = time.monotonic()
+            return
         if self._bar is None:
             self.line(cell, name)
             return
@@ -218,12 +253,18 @@ class RunProgress:
             self.done += 1
             self._current = None
             self._idle = (time.monotonic(), self._safe_downloaded())
+        if relay({"cell": cell.id, "verdict": verdict}):
+            self._last_line = time.monotonic()
+            return
         if self._bar is not None:
             self._bar[0].advance(self._bar[1])
         else:
             self.line(cell, verdict)
 
     def line(self, cell: Cell, what: str) -> None:
+        if relay({"cell": cell.id, "line": what}):
+            self._last_line = time.monotonic()
+            return
         elapsed = time.monotonic() - self._started
         axes = " ".join(f"{k}={v}" for k, v in cell.env.axes.items())
         with self._lock:
@@ -263,6 +304,8 @@ class RunProgress:
 
     def _idle_line(self, since: float, received: int) -> None:
         """A heartbeat between cells: the next cell is being prepared, no stage of it has begun."""
+        if _relay:  # a job's harness has its own
+            return
         now = time.monotonic()
         got = max(0, self._safe_downloaded() - received)
         with self._lock:
@@ -297,8 +340,8 @@ def verdict_counts(verdicts: Mapping[str, str]) -> list[tuple[str, int]]:
 
 def print_summary(console: Console, run_id: str, cells: Mapping[str, Cell], verdicts: Mapping[str, str]) -> None:
     """Each run cell, its mode and its verdict on one line, never cut; its environment on the next, folded;
-    then the counts by verdict."""
-    if not verdicts:
+    then the counts by verdict. A job of a concurrent run says none: its harness says the run's."""
+    if not verdicts or _relay:
         return
     console.print(Text(f"run {run_id}", style="bold"))
     mode_width = max(len(cells[cell_id].mode) for cell_id in verdicts)

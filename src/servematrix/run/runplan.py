@@ -48,6 +48,7 @@ class RunOptions:
     published: Path | None = None  # the published record whose CPU verdicts may be reused (the CLI's: reuse.PUBLISHED)
     trust_probe: bool = False
     model_roots: tuple[Path, ...] = ()  # directories besides the workdir where models may be built
+    jobs: int = 1  # environments pre-flighted at once, each in a process of its own (run/pool.py); 1: in turn
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6])
 
 
@@ -187,8 +188,9 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
                 cost=check.cost,
                 each_gb=check.cost_gb,
                 each_minutes=check.cost_minutes,
-                # As many at once as the run will check (pipeline._check_imports_ahead): the host's room.
-                at_once=max(1, min(distinct, importcheck.room(cache))),
+                # As many at once as the run will check: the host's room (check_imports_ahead), or the
+                # environments pre-flighted at once (--jobs, run/pool.py).
+                at_once=max(1, min(distinct, options.jobs if options.jobs > 1 else importcheck.room(cache))),
                 note="each venv is removed after its check; uv's cache keeps the wheels, and grows by what the "
                 "locks do not share; --stages resolve,probe skips it",
             )
@@ -198,6 +200,13 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
     probed = [c for c in to_run if "probe" in stages_of[c.id]]
     if probed and hooks.preamble is not None:
         notes = hooks.preamble(probed, engine, options.workdir / "cache")
+    unserved = {c.env_id for c in to_run if c.applicable and not (gpu_ready(c.env) and "build" in options.stages)}
+    if options.jobs > 1 and len(unserved) > 1:  # run/pool.py (which also leaves out environments all reused)
+        notes = [
+            *notes,
+            f"pre-flight: up to {min(options.jobs, len(unserved))} of {len(unserved)} environment(s) at once, each in "
+            f"a process of its own (--jobs {options.jobs}; --jobs 1: one at a time)",
+        ]
     if options.published is not None:
         changed = known.changed_line(plan.cells, lambda env: not gpu_ready(env))
         notes = [*([changed] if changed else []), known.plan_line(reused, to_check), *notes]
