@@ -50,11 +50,15 @@ prompts_per_concurrency = 2
 # its start and end in $POOL_MARKS as `<what>-<toyserve version>[-<mode>]-start|end`; if $POOL_WAITS names it
 # (`load-2.1-short:import-1.4`), it waits (at most $POOL_WAIT_S) for that other program to have started; if
 # $POOL_HOLD names it, it waits for $POOL_MARKS/release (an interrupted run's program, stopped by the harness).
+# $POOL_SPIN_S: seconds of a core's work first (the benchmark's stand-in for an import or sglang's start-up).
 MARK = r"""
 import importlib.metadata, os, pathlib, sys, time
 name = "-".join([sys.argv[1], importlib.metadata.version("toyserve"), *sys.argv[2:]])
 marks = pathlib.Path(os.environ["POOL_MARKS"])
 (marks / f"{name}-start").write_text(repr(time.time()))
+spin = time.process_time() + float(os.environ.get("POOL_SPIN_S", "0"))  # a core's work (the benchmark's)
+while time.process_time() < spin:
+    pass
 waits = dict(pair.split(":") for pair in os.environ.get("POOL_WAITS", "").split(",") if pair)
 held = name in os.environ.get("POOL_HOLD", "").split(",")
 deadline = time.time() + float(os.environ.get("POOL_WAIT_S", "60"))
@@ -246,7 +250,10 @@ def test_an_interrupted_pool_keeps_its_finished_rows_and_leaves_no_process(tmp_p
         rows: dict[str, dict] = {}
         while time.monotonic() < deadline:
             held = (marks / "load-2.1-short-start").exists() and (marks / "import-2.2-start").exists()
-            rows = _rows(root / "s.sqlite") if (root / "s.sqlite").exists() else {}
+            try:
+                rows = _rows(root / "s.sqlite") if (root / "s.sqlite").exists() else {}
+            except sqlite3.OperationalError:  # the store is being made: no table yet
+                rows = {}
             done = [r for r in rows.values() if r["status"] == "finished"]
             if held and len(done) == 2:
                 break

@@ -182,7 +182,7 @@ def run_pooled(
     slots = min(options.jobs, len(waiting))
     say(
         f"pre-flight: {len(waiting)} environment(s) ({sum(len(c) for c in envs.values())} cell(s)), {slots} at "
-        f"once, each in a process of its own (--jobs {options.jobs}; --jobs 1 runs them one at a time)"
+        f"once; each one's log: {_log(options, '<env>')}"
     )
     cells = {c.id: c for found in envs.values() for c in found}
     lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
@@ -252,6 +252,8 @@ def run_pooled(
         reap_orphans(store)
         raise
     say(f"pre-flight: {len(envs)} environment(s) in {time.monotonic() - began:.0f} s, {slots} at once")
+    # In plan order, as a run one environment at a time lists them (not in the order the jobs ended).
+    outcome.verdicts = {c: outcome.verdicts[c] for c in cells if c in outcome.verdicts}
     return outcome
 
 
