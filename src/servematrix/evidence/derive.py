@@ -99,7 +99,7 @@ def apply(rows: Sequence[Row], derived: Mapping[str, CellEvidence] | None = None
     evidence, `evidence_model` (its pieces, as dicts) and, where the verdict was derived, `own_verdict`. Rows
     that carry `evidence_model` already are returned as they are (applied once)."""
     if rows and all(r.get("evidence_model") is not None for r in rows):
-        return list(rows)
+        return [r if isinstance(r, Row) else Row.of(r) for r in rows]
     derived = derived if derived is not None else derive(rows)
     out: list[Row] = []
     for row in rows:
@@ -111,7 +111,7 @@ def apply(rows: Sequence[Row], derived: Mapping[str, CellEvidence] | None = None
             if found.changed:
                 shown["verdict"] = found.verdict
                 shown["own_verdict"] = found.own_verdict
-        out.append(Row.of(shown) if isinstance(row, Row) else shown)  # type: ignore[arg-type]
+        out.append(Row.of(shown))  # a mapping given (a test, a caller's own rows) comes back a Row
     return out
 
 

@@ -7,12 +7,13 @@ bisection and no pipeline.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+
+from servematrix.records.row import Row
 
 NOTE_PREFIX = "bisect: "
 
 
-def notes(rows: Iterable[Any]) -> list[str]:
-    """The bisection notes in these rows' evidence (store rows or mappings), each once, without the prefix."""
-    found = (str(e) for row in rows for e in row.get("evidence") or () if str(e).startswith(NOTE_PREFIX))
+def notes(rows: Iterable[Row]) -> list[str]:
+    """The bisection notes in these rows' evidence, each once, without the prefix."""
+    found = (str(e) for row in rows for e in row.evidence or () if str(e).startswith(NOTE_PREFIX))
     return list(dict.fromkeys(note.removeprefix(NOTE_PREFIX) for note in found))

@@ -77,13 +77,13 @@ def reproduce(row: Row, moved: Mapping[str, str | None] = MappingProxyType({})) 
     recorded name none: the command then picks one (`auto`), rather than naming one that may be wrong. A cell
     whose matrix has changed its definition since (`moved`: its server argv, variables or install) is selected by
     the id the matrix gives it now (`moved_note` says so)."""
-    backend = row.get("backend")
-    starts = (row.get("metrics") or {}).get("starts")  # pooled over several server starts: as many again
+    backend = row.backend
+    starts = (row.metrics or {}).get("starts")  # pooled over several server starts: as many again
     command = shlex.join(
         [
             "servematrix",
             "run",
-            row["matrix"],
+            row.matrix,
             "--select",
             f"id={moved.get(row['cell_id']) or row['cell_id']}",
             *(["--backend", str(backend)] if backend else []),
@@ -92,15 +92,15 @@ def reproduce(row: Row, moved: Mapping[str, str | None] = MappingProxyType({})) 
         ]
     )
     # A secret the argv held is shown as `***`: say which variable supplies it (a matrix may write `***`).
-    secrets = [f"{secret_variable(flag)}=***" for flag in row.get("redacted_flags") or ()]
+    secrets = [f"{secret_variable(flag)}=***" for flag in row.redacted_flags or ()]
     return " ".join([*secrets, command])
 
 
 def moved_note(row: Row, moved: Mapping[str, str | None]) -> str:
     """Why the reproduce command does not select this row's id, or "" where it does."""
-    if row["cell_id"] not in moved:
+    if row.cell_id not in moved:
         return ""
-    now = moved[row["cell_id"]]
+    now = moved[row.cell_id]
     if now is None:
         return f"{row['matrix']} no longer has a cell with these axes and mode: the command selects none"
     return (
@@ -135,7 +135,7 @@ SKIP_REASONS = {"no-gpu": "no-gpu", "not-applicable": "not-applicable", "stages"
 def _kind_detail(row: Row | None) -> tuple[str, str]:
     if row is None:
         return "", ""
-    kind, _, detail = str(row["verdict"] or "").partition(":")
+    kind, _, detail = str(row.verdict or "").partition(":")
     return kind, detail
 
 
@@ -207,9 +207,9 @@ def render(rows: Sequence[Row], title: str = "Compatibility", extras: Extras = N
     out.append(extras.history)  # after the recommendation: the pre-flight's track record is read with it
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
-        by_matrix.setdefault(row["matrix"], []).append(row)
+        by_matrix.setdefault(row.matrix, []).append(row)
     # The product leads (a real checkpoint), then the matrix just run: the most recently finished first.
-    latest = {m: max(str(r.get("finished_at") or "") for r in group) for m, group in by_matrix.items()}
+    latest = {m: max(str(r.finished_at or "") for r in group) for m, group in by_matrix.items()}
     for matrix in matrix_order(list(by_matrix), latest):
         out.append(_matrix_section(matrix, by_matrix[matrix], extras))
     return _BIDI_CONTROLS.sub("", "\n".join(part for part in out if part))
@@ -237,17 +237,17 @@ def _regressions(extras: Extras) -> str:
 
 
 def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) -> str:
-    engine = load_engine(rows[0]["engine"])
-    modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
+    engine = load_engine(rows[0].engine)
+    modes = [m for m in engine.modes if any(r.mode == m for r in rows)]
     # The engine's axes, then the matrix's package axes (kernels, ...), then the GPU kind.
-    packages = sorted({k for r in rows for k in r["axes"]} - {*engine.axes, "gpu"})
+    packages = sorted({k for r in rows for k in r.axes} - {*engine.axes, "gpu"})
     axes = [*engine.axes, *packages, "gpu"]
     concurrencies = sorted({c for r in rows for c in tok_s(r)})
     ttft_levels = sorted({c for r in rows for c in ttft_ms(r)})
     prefill_in = prefill_input_len(rows)
     envs: dict[str, dict[str, Row]] = {}
     for row in rows:
-        envs.setdefault(row["env_id"], {})[row["mode"]] = row
+        envs.setdefault(row.env_id, {})[row.mode] = row
     header = [text(a) for a in axes]
     for mode in modes:
         header += [text(mode)] + [text(f"{mode} decode tok/s @{c}") for c in concurrencies]
@@ -255,7 +255,7 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
     for mode in modes[1:]:
         header += [text(f"{mode} / {modes[0]}: {headline_heading(engine, mode, envs.values(), modes[0])}")]
         header += [text(f"{mode} / {modes[0]}: every other figure")]
-    kinds = Counter(str(r["verdict"] or "").partition(":")[0] for r in rows)
+    kinds = Counter(str(r.verdict or "").partition(":")[0] for r in rows)
     counts = ", ".join(f"{n} {text(kind)}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
     lines = [
         f"## {code(matrix)}\n",
@@ -301,8 +301,8 @@ def _axis_value(cells: Mapping[str, Row], axis: str) -> str:
 
 
 def _axis(row: Row, axis: str) -> str:
-    value = text(row["axes"][axis])
-    crossed = row.get("crossed_pins") or {}
+    value = text(row.axes[axis])
+    crossed = row.crossed_pins or {}
     if any(axis in name for name in crossed):
         return f"{value} (crosses pin)"
     return value
@@ -319,20 +319,20 @@ def failure_class(verdict: str) -> str | None:
 def _verdict(row: Row | None, pages: Mapping[str, str] | Collection[str] = (), *, flagged: bool = False) -> str:
     if row is None:
         return "—"
-    verdict = str(row["verdict"])
+    verdict = str(row.verdict)
     icon = "✅" if verdict == "pass" else "❌" if verdict.startswith(("fail", "unresolvable")) else "⚠️"
     evidence = deciding_evidence(row)
     if evidence:
         verdict += f" ({evidence})"
-    cls = failure_class(str(row["verdict"]))
+    cls = failure_class(str(row.verdict))
     page = pages.get(cls) if cls and isinstance(pages, Mapping) else None
     shown = f"[{code(verdict)}]({page})" if page else code(verdict)
     return f"{icon} {shown}" + (f" {REGRESSED}" if flagged else "")
 
 
 def provenance(rows: list[Row]) -> str:
-    hosts = sorted({_host(r.get("host") or {}) for r in rows})
-    finished = sorted(r["finished_at"] for r in rows if r.get("finished_at"))
+    hosts = sorted({_host(r.host or {}) for r in rows})
+    finished = sorted(r.finished_at for r in rows if r.finished_at)
     span = f"{finished[0]} – {finished[-1]}" if finished else "unknown"
     return (
         f"Measured on: {'; '.join(hosts)}. Runs finished {span}. tok/s is the benchmark client's "
@@ -344,21 +344,21 @@ def provenance_markdown(rows: list[Row]) -> str:
     return text(provenance(rows).strip()) + "\n"
 
 
-def _host(host: dict[str, Any]) -> str:
+def _host(host: Mapping[str, Any]) -> str:
     gpu = host.get("gpu_sku")
     return f"{host.get('cpu', '?')}" + (f", {gpu} (driver {host.get('driver')})" if gpu else ", no GPU")
 
 
 def axes_text(row: Row, axes: Sequence[str]) -> str:
     """`sglang=0.5.12 torch=pinned ...` in the engine's axis order (the store keeps axes sorted by name)."""
-    known = [a for a in axes if a in row["axes"]] + sorted(set(row["axes"]) - set(axes))
+    known = [a for a in axes if a in row.axes] + sorted(set(row.axes) - set(axes))
     return " ".join(f"{a}={row['axes'][a]}" for a in known)
 
 
 def cell_order(row: Row, axes: Sequence[str], modes: Sequence[str]) -> tuple[Any, ...]:
     """Environments in version order along the engine's axes, then modes in the engine's order."""
-    mode = modes.index(row["mode"]) if row["mode"] in modes else len(modes)
-    return ([version_key(str(row["axes"].get(a, ""))) for a in axes], mode, row["mode"])
+    mode = modes.index(row.mode) if row.mode in modes else len(modes)
+    return ([version_key(str(row.axes.get(a, ""))) for a in axes], mode, row.mode)
 
 
 def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str], moved: Mapping[str, str | None]) -> str:
@@ -367,10 +367,10 @@ def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str], moved: 
         lines.append(
             f"- {code(row['cell_id'])} {text(axes_text(row, axes))} mode={text(row['mode'])}: {code(row['verdict'])}"
         )
-        excerpt = (row.get("excerpt") or "").strip()
-        if excerpt and row["verdict"] != "pass":
+        excerpt = (row.excerpt or "").strip()
+        if excerpt and row.verdict != "pass":
             lines.append(f"  - evidence: {code(deciding_line(row))}")
-        for piece in row.get("evidence_model") or ():  # the evidence layer's: a sibling GPU, an advisory
+        for piece in row.evidence_model or ():  # the evidence layer's: a sibling GPU, an advisory
             if isinstance(piece, dict):
                 lines.append(
                     f"  - {text(str(piece.get('stance')))}: {text(str(piece.get('headline') or piece.get('text')))}"
@@ -396,15 +396,15 @@ _EXCEPTION_LINE = re.compile(
 )
 
 
-def deciding_line(row: Row | Mapping[str, Any], limit: int = 200) -> str:
+def deciding_line(row: Row, limit: int = 200) -> str:
     """The line of a failing row's excerpt that says why, cut to `limit` characters: the line its class's
     signature matched (the engine's data), else its last exception line (a cause named from a traceback's
     frames, a pre-flight's own error), else its last line. An excerpt holds lines after the deciding one (the
     next frames, "Received sigquit", the load pre-flight's note of what it faked)."""
-    lines = [line for line in str(row.get("excerpt") or "").strip().splitlines() if line.strip()]
+    lines = [line for line in str(row.excerpt or "").strip().splitlines() if line.strip()]
     if not lines:
         return ""
-    patterns = _class_patterns(str(row.get("engine") or ""), str(row.get("verdict") or ""))
+    patterns = _class_patterns(str(row.engine or ""), str(row.verdict or ""))
     matched = next((line for line in lines if any(p.search(line) for p in patterns)), None)
     raised = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
     return (matched or raised or lines[-1]).strip()[:limit]

@@ -92,7 +92,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
     Plots of matrices no longer in the rows (pruned from the published results) are removed."""
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
-        by_matrix.setdefault(row["matrix"], []).append(row)
+        by_matrix.setdefault(row.matrix, []).append(row)
     plots: list[Plot] = []
     own_folder(out_dir)
     stems = plot_stems(by_matrix)
@@ -113,8 +113,8 @@ def _env_label(cells: dict[str, Row], varying: Sequence[str]) -> str:
 def _environments(rows: Sequence[Row], axes: Sequence[str]) -> tuple[dict[str, dict[str, Row]], list[str]]:
     envs: dict[str, dict[str, Row]] = {}
     for row in rows:
-        envs.setdefault(row["env_id"], {})[row["mode"]] = row
-    varying = [a for a in axes if len({str(r["axes"].get(a)) for r in rows}) > 1] or list(axes[:1])
+        envs.setdefault(row.env_id, {})[row.mode] = row
+    varying = [a for a in axes if len({str(r.axes.get(a)) for r in rows}) > 1] or list(axes[:1])
     ordered = dict(
         sorted(
             envs.items(),
@@ -135,13 +135,13 @@ def throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str |
 
 
 def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str) -> Plot | None:
-    engine = load_engine(rows[0]["engine"])
-    modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
+    engine = load_engine(rows[0].engine)
+    modes = [m for m in engine.modes if any(r.mode == m for r in rows)]
     envs, varying = _environments(rows, [*engine.axes, "gpu"])
     measured = {
         env: cells
         for env, cells in envs.items()
-        if any(r["verdict"] == "pass" and spreads(r.get("metrics")) for r in cells.values())
+        if any(r.verdict == "pass" and spreads(r.metrics) for r in cells.values())
     }
     if not measured:
         return None
@@ -160,7 +160,7 @@ def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str)
     for ax, (_env, cells) in zip(axes_grid.flat, measured.items(), strict=False):
         for index, mode in enumerate(modes):
             row = cells.get(mode)
-            data = spreads(row.get("metrics")) if row is not None and row["verdict"] == "pass" else {}
+            data = spreads(row.metrics) if row is not None and row.verdict == "pass" else {}
             if not data:
                 continue
             xs = sorted(data)
@@ -178,7 +178,7 @@ def _throughput_plot(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str)
                 markersize=4,
                 capsize=3,
             )
-        concurrencies = sorted({c for r in cells.values() for c in spreads(r.get("metrics"))})
+        concurrencies = sorted({c for r in cells.values() for c in spreads(r.metrics)})
         if len(concurrencies) > 1 and concurrencies[-1] / max(concurrencies[0], 1) >= 4:
             ax.set_xscale("log", base=2)
         ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
@@ -246,8 +246,8 @@ def speedup_heatmaps(matrix: str, rows: Sequence[Row], out_dir: Path, stem: str 
     speedup say why, each reason in its own style (`SQUARE_STYLES`): the mode failed, both did, the first
     did, a CPU-only prediction, unresolvable, a harness error, a run stopped before it decided, no GPU on the host, the mode not in the
     version, or not run. A map with no measured square says so in its title."""
-    engine = load_engine(rows[0]["engine"])
-    modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
+    engine = load_engine(rows[0].engine)
+    modes = [m for m in engine.modes if any(r.mode == m for r in rows)]
     if len(modes) < 2 or len(engine.axes) < 2:
         return []
     plots = []
@@ -269,10 +269,10 @@ def _speedup_heatmap(
     y_axis = engine.heatmap_axis or engine.axes[1]
     envs: dict[str, dict[str, Row]] = {}
     for row in rows:
-        envs.setdefault(row["env_id"], {})[row["mode"]] = row
-    gpus = sorted({str(r["axes"].get("gpu")) for r in rows})
-    xs = sorted({str(r["axes"][x_axis]) for r in rows}, key=version_key)
-    ys = sorted({str(r["axes"][y_axis]) for r in rows}, key=version_key)
+        envs.setdefault(row.env_id, {})[row.mode] = row
+    gpus = sorted({str(r.axes.get("gpu")) for r in rows})
+    xs = sorted({str(r.axes[x_axis]) for r in rows}, key=version_key)
+    ys = sorted({str(r.axes[y_axis]) for r in rows}, key=version_key)
     grid: dict[tuple[str, str, str], list[tuple[Row | None, Row | None]]] = {}
     for cells in envs.values():
         axes = next(iter(cells.values()))["axes"]

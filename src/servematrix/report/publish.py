@@ -71,7 +71,7 @@ def store_rows(path: Path) -> list[Row]:
         raise InputError(f"{path}: not a servematrix store ({exc})") from None
     if not rows:
         raise InputError(f"{path}: no finished cell runs in this store: nothing to report")
-    _check_engines((row["engine"], f"{path}: the row of cell {row['cell_id']!r}") for row in rows)
+    _check_engines((row.engine, f"{path}: the row of cell {row['cell_id']!r}") for row in rows)
     return rows
 
 
@@ -335,7 +335,7 @@ class Publication:
 
 
 def _finished(row: Row) -> datetime | None:
-    stamp = row.get("finished_at")
+    stamp = row.finished_at
     try:
         when = datetime.fromisoformat(str(stamp)) if stamp else None
     except ValueError:
@@ -362,32 +362,32 @@ def _portable_path(path: str | None) -> str | None:
 def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *, prune: bool = False) -> Publication:
     """The published cells with `rows` merged in: keyed by cell id, the newer finished row wins; published
     cells absent from `rows` stay unless `prune`."""
-    current = {row["cell_id"]: row for row in published_rows(published)} if published else {}
+    current = {row.cell_id: row for row in published_rows(published)} if published else {}
     merged: dict[str, Row] = {}
     counts = {"added": 0, "replaced": 0, "same": 0, "kept_newer": 0, "kept_observed": 0, "kept_decided": 0}
     counts["kept_future"] = 0
     for row in rows:
-        old = current.get(row["cell_id"])
+        old = current.get(row.cell_id)
         if old is None:
             counts["added"] += 1
-            merged[row["cell_id"]] = row
-        elif old.get("run_id") == row.get("run_id"):
+            merged[row.cell_id] = row
+        elif old.run_id == row.run_id:
             counts["same"] += 1
-            merged[row["cell_id"]] = row
-        elif unserved(str(row.get("verdict") or "")) and observed(str(old.get("verdict") or "")):
+            merged[row.cell_id] = row
+        elif unserved(str(row.verdict or "")) and observed(str(old.verdict or "")):
             # A verdict reached without serving the cell (the nightly CPU pre-flight, an image that does not
             # hold it) does not overwrite what a GPU run observed.
             counts["kept_observed"] += 1
-            merged[row["cell_id"]] = old
-        elif not Verdict.parse(str(row.get("verdict") or "")).final and Verdict.parse(str(old.get("verdict"))).final:
+            merged[row.cell_id] = old
+        elif not Verdict.parse(str(row.verdict or "")).final and Verdict.parse(str(old.verdict)).final:
             # A stopped run or a harness fault says nothing about the stack: it does not unpublish a verdict.
             counts["kept_decided"] += 1
-            merged[row["cell_id"]] = old
-        elif in_future(row.get("finished_at")):
+            merged[row.cell_id] = old
+        elif in_future(row.finished_at):
             # Neither newer nor older can be told: a time ahead of the clock would pin the cell, and dropping
             # it as "older" would be a false reason. Kept as published, and said so.
             counts["kept_future"] += 1
-            merged[row["cell_id"]] = old
+            merged[row.cell_id] = old
             print(
                 f"servematrix: cell {row['cell_id']}: the store's run {row.get('run_id')} finished at "
                 f"{row.get('finished_at')}, ahead of this host's clock (skewed?): not published over run "
@@ -396,10 +396,10 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
             )
         elif _newer_or_same(row, old):
             counts["replaced"] += 1
-            merged[row["cell_id"]] = row
+            merged[row.cell_id] = row
         else:
             counts["kept_newer"] += 1
-            merged[row["cell_id"]] = old
+            merged[row.cell_id] = old
     absent = [cell for cell in current if cell not in merged]
     if not prune:
         merged.update({cell: current[cell] for cell in absent})
@@ -408,16 +408,16 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
         Row.of(
             {
                 **(row.values if isinstance(row, Row) else row),
-                "excerpt": bounded_excerpt(scrub_host_paths(str(row.get("excerpt") or ""))) or row.get("excerpt"),
-                "evidence": [scrub_host_paths(str(e)) for e in bounded_evidence(row.get("evidence") or [])],
-                "lock_file": _portable_path(row.get("lock_file")),
+                "excerpt": bounded_excerpt(scrub_host_paths(str(row.excerpt or ""))) or row.excerpt,
+                "evidence": [scrub_host_paths(str(e)) for e in bounded_evidence(row.evidence or [])],
+                "lock_file": _portable_path(row.lock_file),
             }
         )
         for row in merged.values()
     ]
     # A pre-flight failure's class is named again from its excerpt by today's signatures (stages/naming.py).
     published_rows_ = [Row.of(naming.renamed(row.values)) for row in published_rows_]
-    ordered = tuple(sorted(published_rows_, key=lambda r: (str(r["env_id"]), str(r["mode"]), str(r["cell_id"]))))
+    ordered = tuple(sorted(published_rows_, key=lambda r: (str(r.env_id), str(r.mode), str(r.cell_id))))
     return Publication(
         rows=ordered,
         kept_absent=0 if prune else len(absent),

@@ -63,7 +63,7 @@ def log_of(row: Row, store_path: Path) -> Path | None:
     was copied off its host with its `.servematrix/logs` (a device's results). Only a regular file whose real
     path (every link followed) lies in one of `log_roots` is a log: a path or a link that leaves them names
     another file of this host, never a server log, and is not read."""
-    stored = row.get("log_path")
+    stored = row.log_path
     if not stored or "\0" in str(stored):
         return None
     path = Path(str(stored))
@@ -93,8 +93,8 @@ def _match_log(log: Path, engine: str) -> Match | None:
 
 def decided_by_log(row: Row, engine_classes: frozenset[str]) -> bool:
     """Whether the row is a failure its server log decided (see the module doc)."""
-    verdict = Verdict.parse(str(row.get("verdict") or ""))
-    served = "serve" in (row.get("stages") or {})
+    verdict = Verdict.parse(str(row.verdict or ""))
+    served = "serve" in (row.stages or {})
     return verdict.kind == "fail" and served and (verdict.detail in engine_classes or verdict.detail in LOG_DECIDED)
 
 
@@ -110,7 +110,7 @@ def renamed(store: Store, store_path: Path) -> Iterator[Renamed]:
     """Every newest finished row whose server log the current signatures name another cause for."""
     engines: dict[str, tuple[frozenset[str], str] | None] = {}
     for row in store.latest():
-        engine = str(row.get("engine") or "")
+        engine = str(row.engine or "")
         if engine not in engines:
             try:
                 engines[engine] = _log_classes(engine)
@@ -123,14 +123,14 @@ def renamed(store: Store, store_path: Path) -> Iterator[Renamed]:
         if log is None:
             continue  # its log was not kept: the class stays as the run named it
         found = _match_log(log, engine)
-        was = Verdict.parse(str(row["verdict"])).detail
+        was = Verdict.parse(str(row.verdict)).detail
         if found is None or found.cls == was:
             continue
         yield Renamed(
-            run_id=str(row["run_id"]),
-            cell_id=str(row["cell_id"]),
-            matrix=str(row.get("matrix") or ""),
-            mode=str(row.get("mode") or ""),
+            run_id=str(row.run_id),
+            cell_id=str(row.cell_id),
+            matrix=str(row.matrix or ""),
+            mode=str(row.mode or ""),
             was=was,
             now=found.cls,
             line=found.line,
@@ -148,7 +148,7 @@ def _note(was: str, engine: str, digest: str) -> str:
 
 def _kept(row: Row) -> list[str]:
     """A row's evidence less an earlier renaming's note."""
-    return [str(e) for e in row.get("evidence") or [] if not str(e).startswith(NOTE_PREFIX)]
+    return [str(e) for e in row.evidence or [] if not str(e).startswith(NOTE_PREFIX)]
 
 
 def apply(store: Store, changes: Sequence[Renamed]) -> None:

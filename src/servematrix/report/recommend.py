@@ -116,7 +116,7 @@ class Recommendation:
 
 
 def _status(row: Row) -> str:
-    verdict = str(row.get("verdict") or "")
+    verdict = str(row.verdict or "")
     if verdict == "pass":
         return "pass"
     if verdict in UNDECIDED:
@@ -129,10 +129,10 @@ def _status(row: Row) -> str:
 def _changes(row: Row, other: Row) -> list[str]:
     out = [
         f"{axis} {other['axes'].get(axis)} instead of {value}"
-        for axis, value in sorted(row["axes"].items())
-        if axis != "gpu" and other["axes"].get(axis) != value
+        for axis, value in sorted(row.axes.items())
+        if axis != "gpu" and other.axes.get(axis) != value
     ]
-    if row["mode"] != other["mode"]:
+    if row.mode != other.mode:
         out.append(f"{other['mode']} instead of {row['mode']}")
     return out
 
@@ -146,9 +146,9 @@ def _nearest_finder(good: Sequence[Row]) -> Callable[[Row], Row | None]:
     a row more than two changes from every good one is scanned for."""
 
     def scan(row: Row) -> Row | None:
-        return min(good, key=lambda g: (len(_changes(row, g)), g["mode"] != row["mode"]), default=None)
+        return min(good, key=lambda g: (len(_changes(row, g)), g.mode != row.mode), default=None)
 
-    names = {tuple(sorted(a for a in g["axes"] if a != "gpu")) for g in good}
+    names = {tuple(sorted(a for a in g.axes if a != "gpu")) for g in good}
     if len(names) != 1:
         return scan
     (axes,) = names
@@ -156,7 +156,7 @@ def _nearest_finder(good: Sequence[Row]) -> Callable[[Row], Row | None]:
     masks = [m for d in range(3) for m in itertools.combinations(range(width), d)]
 
     def keys(row: Row) -> Iterator[tuple[tuple[int, ...], tuple[Any, ...]]]:
-        features = (*(row["axes"].get(a) for a in axes), row["mode"])
+        features = (*(row.axes.get(a) for a in axes), row.mode)
         for mask in masks:
             yield mask, tuple(_ANY if i in mask else v for i, v in enumerate(features))
 
@@ -166,7 +166,7 @@ def _nearest_finder(good: Sequence[Row]) -> Callable[[Row], Row | None]:
             buckets.setdefault(key, position)  # the first in good's order is all a bucket needs
 
     def find(row: Row) -> Row | None:
-        if tuple(sorted(a for a in row["axes"] if a != "gpu")) != axes:
+        if tuple(sorted(a for a in row.axes if a != "gpu")) != axes:
             return scan(row)
         hits = [(len(mask), width - 1 in mask, buckets[(mask, k)]) for mask, k in keys(row) if (mask, k) in buckets]
         if not hits:
@@ -187,17 +187,17 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
     to already are taken as they are)."""
     rows = apply_evidence(rows)
     out = []
-    for matrix, gpu in sorted({(str(r["matrix"]), str(r["axes"].get("gpu", ""))) for r in rows}):
+    for matrix, gpu in sorted({(str(r.matrix), str(r.axes.get("gpu", ""))) for r in rows}):
         # Whatever order the rows come in (a store, the published record), the same recommendation.
         mine = sorted(
-            (r for r in rows if str(r["matrix"]) == matrix and str(r["axes"].get("gpu", "")) == gpu),
-            key=lambda r: (sorted(r["axes"].items()), r["mode"], r["cell_id"]),
+            (r for r in rows if str(r.matrix) == matrix and str(r.axes.get("gpu", "")) == gpu),
+            key=lambda r: (sorted(r.axes.items()), r.mode, r.cell_id),
         )
         good = [r for r in mine if _status(r) in ("pass", "open")]
         by_env: dict[str, dict[str, Row]] = {}
         for row in mine:
-            by_env.setdefault(str(row.get("env_id") or row["cell_id"]), {})[row["mode"]] = row
-        stacks = [_stack(row, by_env[str(row.get("env_id") or row["cell_id"])]) for row in good]
+            by_env.setdefault(str(row.env_id or row.cell_id), {})[row.mode] = row
+        stacks = [_stack(row, by_env[str(row.env_id or row.cell_id)]) for row in good]
         clean = _ranked(s for s in stacks if not s.against)
         held = _ranked(s for s in stacks if s.against)
         failing = []
@@ -206,9 +206,9 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
             best = nearest(row)
             failing.append(
                 Neighbour(
-                    cell_id=row["cell_id"],
-                    verdict=str(row["verdict"]),
-                    nearest=best["cell_id"] if best else None,
+                    cell_id=row.cell_id,
+                    verdict=str(row.verdict),
+                    nearest=best.cell_id if best else None,
                     changes=tuple(_changes(row, best)) if best else (),
                 )
             )
@@ -249,22 +249,22 @@ def _stack(row: Row, env: Mapping[str, Row]) -> Stack:
     low = min(ttft) if ttft else None
     pieces = pieces_of(row)
     tier = 0 if passed else 1 if any(p.kind == "sibling" and p.stance == "supports" for p in pieces) else 2
-    if tier == 2 and not any(str(e).startswith(MODULE_BUILD) for e in row.get("evidence") or ()):
+    if tier == 2 and not any(str(e).startswith(MODULE_BUILD) for e in row.evidence or ()):
         tier = 3
     stack = Stack(
-        cell_id=row["cell_id"],
-        matrix=row["matrix"],
-        axes=dict(row["axes"]),
-        mode=row["mode"],
+        cell_id=row.cell_id,
+        matrix=row.matrix,
+        axes=dict(row.axes),
+        mode=row.mode,
         source="observed: served and benchmarked" if passed else _predicted(row),
         tok_s=measured[top] if top is not None else None,
         concurrency=top,
         ttft_ms=ttft[low] if low is not None else None,
         ttft_concurrency=low,
         versus_baseline=_versus_baseline(row, env),
-        release=release_of(row) or str(row["axes"].get("sglang", "")),
+        release=release_of(row) or str(row.axes.get("sglang", "")),
         tier=tier,
-        crossed=tuple(sorted(row.get("crossed_pins") or {})),
+        crossed=tuple(sorted(row.crossed_pins or {})),
         words=stack_words(row),
         evidence=tuple(p.text for p in pieces if not p.against),
         against=tuple(p.headline or p.text for p in pieces if p.against),
@@ -303,10 +303,10 @@ _QUIET = {("resolution", "today"), ("kernels", "locked")}  # the default of an a
 def stack_words(row: Row) -> str:
     """The stack as a user would say it: "sglang 0.5.23 · flashinfer 0.7.2 (its pin) · torch 2.14.1 (its pin) ·
     CUDA 13.0 · breakable". A `pinned` axis is named by the version its lock holds, where the lock is here."""
-    axes = {k: str(v) for k, v in row["axes"].items() if k != "gpu"}
-    engine = str(row.get("engine") or "")
-    pins = _lock_pins(str(row.get("lock_file") or "")) if row.get("lock_file") else {}
-    crossed = row.get("crossed_pins") or {}
+    axes = {k: str(v) for k, v in row.axes.items() if k != "gpu"}
+    engine = str(row.engine or "")
+    pins = _lock_pins(str(row.lock_file or "")) if row.lock_file else {}
+    crossed = row.crossed_pins or {}
     parts = [f"{engine} {axes.pop(engine)}"] if engine in axes else []
     for axis in ("flashinfer", "torch"):
         if axis not in axes:
@@ -327,12 +327,12 @@ def stack_words(row: Row) -> str:
             parts.append("resolved as of its release" if value == "as-released" else f"resolved {value}")
         else:
             parts.append(f"{axis.replace('_', ' ')} {value}")
-    parts.append(str(row["mode"]))
+    parts.append(str(row.mode))
     return " · ".join(parts)
 
 
 def _reach(row: Row) -> str:
-    for line in row.get("evidence") or ():
+    for line in row.evidence or ():
         if str(line).startswith(MODULE_BUILD):
             return str(line).removeprefix("load: ").split(";")[0]
     return ""
@@ -343,7 +343,7 @@ def _rests_on(stack: Stack, row: Row, pieces: Sequence[Piece]) -> str:
     parts = []
     if stack.tier == 0:
         figure = f"{stack.tok_s:,.0f} decode tok/s @{stack.concurrency}" if stack.tok_s is not None else "no figures"
-        checked = ((row.get("metrics") or {}).get("correctness") or {}).get("summary")
+        checked = ((row.metrics or {}).get("correctness") or {}).get("summary")
         parts.append(f"served on {gpu}: {figure}" + (f"; {checked}" if checked else ""))
     for piece in pieces:
         if piece.stance == "supports" and piece.kind == "sibling":
@@ -364,9 +364,9 @@ def _rests_on(stack: Stack, row: Row, pieces: Sequence[Piece]) -> str:
 def _not_shown(stack: Stack, row: Row) -> str:
     gpu = gpu_label(row)
     if stack.tier == 0:
-        correctness = (row.get("metrics") or {}).get("correctness")
+        correctness = (row.metrics or {}).get("correctness")
         ok = isinstance(correctness, dict) and (correctness.get("result") or {}).get("ok") is True
-        return "" if ok or row["mode"] == "baseline" else "its answers against the baseline's"
+        return "" if ok or row.mode == "baseline" else "its answers against the baseline's"
     return f"that it starts and serves on {gpu}: no {gpu} has run it; its answers; its speed"
 
 
@@ -392,9 +392,9 @@ def _causes(failing: Sequence[Neighbour]) -> tuple[Cause, ...]:
 
 def _versus_baseline(row: Row, env: Mapping[str, Row]) -> str | None:
     """The mode's headline speedup over its environment's first mode, as the table shows it."""
-    if row.get("verdict") != "pass" or not row.get("engine"):
+    if row.verdict != "pass" or not row.engine:
         return None
-    engine = load_engine(row["engine"])
+    engine = load_engine(row.engine)
     first = next((env[m] for m in engine.modes if m in env), None)
     if first is None or first is row:
         return None
@@ -447,10 +447,10 @@ def render_text(recommendations: Sequence[Recommendation], rows: Sequence[Row], 
     """The answer first: per matrix (the product first) and GPU kind, the picks, each with what it rests on, what
     has not been shown and the run that would settle it; the cells held back by evidence against them; the failing
     cells by cause with their fix. `every`: every ranked cell, every held one and every failing cell."""
-    shown = {r["cell_id"]: r for r in apply_evidence(rows)}
+    shown = {r.cell_id: r for r in apply_evidence(rows)}
     latest: dict[str, str] = {}
     for row in rows:
-        latest[str(row["matrix"])] = max(latest.get(str(row["matrix"]), ""), str(row.get("finished_at") or ""))
+        latest[str(row.matrix)] = max(latest.get(str(row.matrix), ""), str(row.finished_at or ""))
     order = {m: i for i, m in enumerate(matrix_order(sorted(latest), latest))}
     lines = []
     for rec in sorted(recommendations, key=lambda r: (order.get(r.matrix, len(order)), r.gpu)):
@@ -508,7 +508,7 @@ def render_markdown(rows: Sequence[Row]) -> str:
     recs = recommend(rows)
     latest: dict[str, str] = {}
     for row in rows:
-        latest[str(row["matrix"])] = max(latest.get(str(row["matrix"]), ""), str(row.get("finished_at") or ""))
+        latest[str(row.matrix)] = max(latest.get(str(row.matrix), ""), str(row.finished_at or ""))
     lines = ["## Recommendation\n"]
     lanes_open = False
     for matrix in matrix_order(sorted(latest), latest):

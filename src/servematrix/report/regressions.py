@@ -104,17 +104,17 @@ def export_results(
     comparison survives a re-render; `root` is the directory argv paths are made relative to (default: cwd)."""
     base = Path(os.path.abspath(root or Path.cwd()))
     cells: dict[str, Any] = {}
-    for row in sorted(rows, key=lambda r: (r["matrix"], r["env_id"], r["mode"])):
+    for row in sorted(rows, key=lambda r: (r.matrix, r.env_id, r.mode)):
         entry = {key: row.get(key) for key in EXPORTED if key != "prediction" or row.get(key) is not None}
-        entry["argv"] = portable_argv(row.get("argv") or [], base)
-        if row.get("lock_file"):  # an absolute --lock-dir elsewhere would name the host's folders
-            entry["lock_file"] = scrub_host_paths(portable_argv([row["lock_file"]], base)[0])
-        entry["metrics"] = _trim_metrics(row.get("metrics"), base)
-        entry["excerpt"] = bounded_excerpt(scrub_host_paths(str(row.get("excerpt") or ""))) or row.get("excerpt")
-        entry["evidence"] = [scrub_host_paths(str(e)) for e in bounded_evidence(row.get("evidence") or [])]
+        entry["argv"] = portable_argv(row.argv or [], base)
+        if row.lock_file:  # an absolute --lock-dir elsewhere would name the host's folders
+            entry["lock_file"] = scrub_host_paths(portable_argv([row.lock_file], base)[0])
+        entry["metrics"] = _trim_metrics(row.metrics, base)
+        entry["excerpt"] = bounded_excerpt(scrub_host_paths(str(row.excerpt or ""))) or row.excerpt
+        entry["evidence"] = [scrub_host_paths(str(e)) for e in bounded_evidence(row.evidence or [])]
         reference = _reference(row, previous)
         entry["previous"] = _summary(reference) if reference else None
-        cells[row["cell_id"]] = entry
+        cells[row.cell_id] = entry
     return {"schema": SCHEMA, "cells": cells}
 
 
@@ -276,10 +276,10 @@ def _reference(row: Row, previous: Mapping[str, Any] | None) -> Mapping[str, Any
     this very run, what that run was compared with."""
     if not previous:
         return None
-    entry = previous.get("cells", {}).get(row["cell_id"])
+    entry = previous.get("cells", {}).get(row.cell_id)
     if entry is None:
         return None
-    if entry.get("run_id") == row.get("run_id"):
+    if entry.get("run_id") == row.run_id:
         return entry.get("previous")
     return entry
 
@@ -310,12 +310,12 @@ def detect_regressions(
         reference = _reference(row, previous_export)
         if reference is None:
             continue
-        before, after = str(reference.get("verdict") or ""), str(row["verdict"] or "")
-        common = {
-            "cell_id": row["cell_id"],
-            "matrix": row["matrix"],
-            "mode": row["mode"],
-            "axes": dict(row["axes"]),
+        before, after = str(reference.get("verdict") or ""), str(row.verdict or "")
+        common: dict[str, Any] = {
+            "cell_id": row.cell_id,
+            "matrix": row.matrix,
+            "mode": row.mode,
+            "axes": dict(row.axes),
         }
         if observed(before) and unserved(after):
             continue  # like with like: a verdict reached without serving never regresses what a GPU run observed
@@ -329,8 +329,8 @@ def detect_regressions(
         if _kind(before) != "pass" or _kind(after) != "pass":
             continue
         limits = {"min_drop": min_drop, "margin": margin}
-        found += _drops(common, _reference_spreads(reference), spreads(row.get("metrics")), kind="throughput", **limits)
-        found += _drops(common, _reference_spreads(reference, "ttft_s"), ttft_spreads(row.get("metrics")), kind="ttft",
+        found += _drops(common, _reference_spreads(reference), spreads(row.metrics), kind="throughput", **limits)
+        found += _drops(common, _reference_spreads(reference, "ttft_s"), ttft_spreads(row.metrics), kind="ttft",
                         **limits)  # fmt: skip
     return found
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def tok_s(row: Row) -> dict[int, float]:
-    metrics = row.get("metrics") or {}
+    metrics = row.metrics or {}
     out: dict[int, float] = {}
     for level in metrics.get("levels", []):
         median = (level.get("output_tok_s") or {}).get("median")
@@ -37,7 +37,7 @@ def version_key(value: str) -> tuple[int, Version | str]:
 
 def ttft_ms(row: Row) -> dict[int, float]:
     """The prefill profile's median time to first token (ms) at each level it measured, for a passed row."""
-    prefill = (row.get("metrics") or {}).get("prefill") or {}
+    prefill = (row.metrics or {}).get("prefill") or {}
     out: dict[int, float] = {}
     for level in prefill.get("levels", []) if isinstance(prefill, dict) else []:
         median = (level.get("ttft_mean_s") or {}).get("median")
@@ -49,7 +49,7 @@ def ttft_ms(row: Row) -> dict[int, float]:
 def prefill_input_len(rows: Sequence[Row]) -> int | None:
     """The prefill profile's input length, as its rows recorded it (the first that did)."""
     for row in rows:
-        prefill = (row.get("metrics") or {}).get("prefill") or {}
+        prefill = (row.metrics or {}).get("prefill") or {}
         value = (prefill.get("workload") or {}).get("input_len") if isinstance(prefill, dict) else None
         if isinstance(value, int):
             return value
@@ -59,13 +59,13 @@ def prefill_input_len(rows: Sequence[Row]) -> int | None:
 def comparison(engine: Engine, first: Row | None, second: Row | None) -> ModeComparison | None:
     """`second`'s mode against `first` (the baseline) on the figures of the phase the mode changes, when both
     passed and measured them; None otherwise (`markdown.no_speedup` says why)."""
-    if first is None or second is None or first["verdict"] != "pass" or second["verdict"] != "pass":
+    if first is None or second is None or first.verdict != "pass" or second.verdict != "pass":
         return None
     try:
         found = bench.compare(
-            first.get("metrics") or {},
-            second.get("metrics") or {},
-            engine.phase_of(second["mode"]),
+            first.metrics or {},
+            second.metrics or {},
+            engine.phase_of(second.mode),
             unjudged=unchecked_output(second),
         )
     except (ValueError, KeyError, TypeError):  # a row from a merged store whose figures are not figures
@@ -76,7 +76,7 @@ def comparison(engine: Engine, first: Row | None, second: Row | None) -> ModeCom
 def unchecked_output(row: Row) -> str:
     """Why a passing mode's speed is not judged: "" when its answers matched the baseline's (`stages/bench/
     correctness.py`), else what was missing. Rows measured before the check existed have no record of it."""
-    record = (row.get("metrics") or {}).get("correctness")
+    record = (row.metrics or {}).get("correctness")
     if not isinstance(record, dict):
         return "output not checked against the baseline's"
     result = record.get("result")
@@ -98,13 +98,13 @@ NOT_CHECKED = "correctness: not checked (measured before servematrix checked ans
 def measured_notes(row: Row) -> list[tuple[str, str]]:
     """A measured row's (label, text) lines for its cell's details: whether its answers were right, and each
     graph capture's seconds per server start (the start-up cost the mode adds)."""
-    measured = row.get("metrics") or {}
+    measured = row.metrics or {}
     if not measured:
         return []
     out: list[tuple[str, str]] = []
     checked = measured.get("correctness")
     summary = str(checked.get("summary") or "") if isinstance(checked, dict) else ""
-    if summary or row.get("verdict") == "pass":
+    if summary or row.verdict == "pass":
         out.append(("correctness", (summary or NOT_CHECKED).removeprefix("correctness: ")))
     seconds: dict[str, list[str]] = {}
     for start in measured.get("capture_s_by_start") or [measured.get("capture_s")]:
@@ -134,8 +134,8 @@ PROVENANCE_NOTES = (
 def deciding_evidence(row: Row) -> str:
     """What decided the verdict (a signature's label, a mode's proof), for a table cell: provenance notes (the
     installed set, the lock's differences, the number of starts) stay in the cell's details."""
-    evidence = [str(e) for e in row.get("evidence") or [] if not str(e).startswith(PROVENANCE_NOTES)]
-    measured = row.get("metrics") or {}
-    if row.get("verdict") == "pass" and measured and not isinstance(measured.get("correctness"), dict):
+    evidence = [str(e) for e in row.evidence or [] if not str(e).startswith(PROVENANCE_NOTES)]
+    measured = row.metrics or {}
+    if row.verdict == "pass" and measured and not isinstance(measured.get("correctness"), dict):
         evidence.insert(1, NOT_CHECKED)  # measured, but nothing says its answers were right
     return ", ".join(e if len(e) <= 90 else e[:89] + "…" for e in evidence[:2])

@@ -174,7 +174,7 @@ def matrix_descriptions(rows: Sequence[Row]) -> dict[str, str]:
     """Each matrix's `description`, from its file where the report is built (a row names its matrix by the path
     the run was given). A matrix file that is gone or unreadable only loses its line: the rows are the record."""
     found = {}
-    for matrix in sorted({row["matrix"] for row in rows}):
+    for matrix in sorted({row.matrix for row in rows}):
         try:
             description = tomllib.loads(Path(matrix).read_text(encoding="utf-8")).get("description")
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -190,7 +190,7 @@ def moved_cells(rows: Sequence[Row]) -> dict[str, str | None]:
     where it has no such cell. Their reproduce command selects the new id and says why. A matrix that cannot
     be planned here (gone, invalid, another engine's data) moves nothing: the rows are the record."""
     moved: dict[str, str | None] = {}
-    for matrix in sorted({row["matrix"] for row in rows}):
+    for matrix in sorted({row.matrix for row in rows}):
         try:
             # Expanded from the spec alone (no engine hooks run for a report); its warnings belong to `plan`.
             with contextlib.redirect_stderr(io.StringIO()):
@@ -200,8 +200,8 @@ def moved_cells(rows: Sequence[Row]) -> dict[str, str | None]:
         planned = {c.id for c in cells}
         now = {(c.mode, tuple(sorted(c.env.axes.items()))): c.id for c in cells}
         for row in rows:
-            if row["matrix"] == matrix and row["cell_id"] not in planned:
-                moved[row["cell_id"]] = now.get((row["mode"], tuple(sorted(row["axes"].items()))))
+            if row.matrix == matrix and row.cell_id not in planned:
+                moved[row.cell_id] = now.get((row.mode, tuple(sorted(row.axes.items()))))
     return moved
 
 
@@ -282,7 +282,7 @@ def failure_classes(rows: Sequence[Row] = ()) -> dict[str, FailureClass]:
         for signature in signatures:
             found.setdefault(signature.id, {})[engine] = signature
     for row in rows:
-        cls = failure_class(str(row["verdict"]))
+        cls = failure_class(str(row.verdict))
         if cls:
             found.setdefault(cls, {})
     return {cls: FailureClass(id=cls, signatures=found[cls]) for cls in sorted(found)}
@@ -307,7 +307,7 @@ def write_failure_pages(
     own_folder(out_dir)
     by_class: dict[str, list[Row]] = {}
     for row in rows:
-        cls = failure_class(str(row["verdict"]))
+        cls = failure_class(str(row.verdict))
         if cls:
             by_class.setdefault(cls, []).append(row)
     written = []
@@ -335,19 +335,19 @@ def _package_pins(rows: Sequence[Row]) -> list[dict[str, Any]]:
     for row in sorted(rows, key=_failure_order):
         for fix in package_fixes(row):
             entry = found.setdefault(fix.text, {"fix": fix, "cells": []})
-            entry["cells"].append(row["cell_id"])
+            entry["cells"].append(row.cell_id)
     return list(found.values())
 
 
 def _failure_cell(row: Row, nearest: Mapping[str, str], moved: Mapping[str, str | None]) -> dict[str, Any]:
     return {
-        "id": row["cell_id"],
-        "matrix": row["matrix"],
+        "id": row.cell_id,
+        "matrix": row.matrix,
         "axes": axes_text(row, _engine_axes(row)),
-        "mode": row["mode"],
-        "verdict": row["verdict"],
+        "mode": row.mode,
+        "verdict": row.verdict,
         "evidence": deciding_evidence(row),
-        "nearest": nearest.get(row["cell_id"], ""),
+        "nearest": nearest.get(row.cell_id, ""),
         "line": deciding_line(row),
         "reproduce": reproduce(row, moved),
         "moved": moved_note(row, moved),
@@ -355,13 +355,13 @@ def _failure_cell(row: Row, nearest: Mapping[str, str], moved: Mapping[str, str 
 
 
 def _engine_axes(row: Row) -> list[str]:
-    engine_axes = load_engine(row["engine"]).axes
-    return [*engine_axes, *sorted(set(row["axes"]) - {*engine_axes, "gpu"}), "gpu"]
+    engine_axes = load_engine(row.engine).axes
+    return [*engine_axes, *sorted(set(row.axes) - {*engine_axes, "gpu"}), "gpu"]
 
 
 def _failure_order(row: Row) -> tuple[Any, ...]:
-    engine = load_engine(row["engine"])
-    return (row["matrix"], cell_order(row, [*engine.axes, "gpu"], engine.modes))
+    engine = load_engine(row.engine)
+    return (row.matrix, cell_order(row, [*engine.axes, "gpu"], engine.modes))
 
 
 # -------------------------------------------------------------------------------------------------- HTML
@@ -379,10 +379,10 @@ def render_html(
     moved: Mapping[str, str | None] | None = None,  # `moved_cells`
 ) -> str:
     classes = failure_classes(rows)
-    used = sorted({c for r in rows if (c := failure_class(str(r["verdict"])))})
+    used = sorted({c for r in rows if (c := failure_class(str(r.verdict)))})
     by_matrix: dict[str, list[Row]] = {}
     for row in rows:
-        by_matrix.setdefault(row["matrix"], []).append(row)
+        by_matrix.setdefault(row.matrix, []).append(row)
     sections = [
         {
             **_matrix_view(matrix, group, [p for p in plots if p.matrix == matrix], regressions, moved or {}),
@@ -453,16 +453,16 @@ def answer_view(rows: Sequence[Row], order: Sequence[str]) -> list[dict[str, Any
 
 
 def _kind(row: Row) -> str:
-    return str(row["verdict"] or "").partition(":")[0]
+    return str(row.verdict or "").partition(":")[0]
 
 
 def prediction(row: Row) -> dict[str, str] | None:
     """Predicted against observed, from what the row carries: a `prediction` field (a verdict string) when
     the store has one, else a `predicted-fail:*` verdict. The observed outcome is a pass or fail verdict."""
-    predicted = row.get("prediction")
+    predicted = row.prediction
     if not predicted and _kind(row) == "predicted-fail":
-        predicted = str(row["verdict"])
-    observed = str(row["verdict"]) if _kind(row) in ("pass", "fail") else None
+        predicted = str(row.verdict)
+    observed = str(row.verdict) if _kind(row) in ("pass", "fail") else None
     if not predicted and not observed:
         return None
     if predicted and observed:
@@ -480,32 +480,32 @@ def _matrix_view(
     regressions: Sequence[Regression],
     moved: Mapping[str, str | None],
 ) -> dict:
-    engine = load_engine(rows[0]["engine"])
-    modes = [m for m in engine.modes if any(r["mode"] == m for r in rows)]
+    engine = load_engine(rows[0].engine)
+    modes = [m for m in engine.modes if any(r.mode == m for r in rows)]
     axes = [*engine.axes, "gpu"]
     concurrencies = sorted({c for r in rows for c in tok_s(r)})
     envs: dict[str, dict[str, Row]] = {}
     for row in rows:
-        envs.setdefault(row["env_id"], {})[row["mode"]] = row
+        envs.setdefault(row.env_id, {})[row.mode] = row
     cells = []
     for row in sorted(
         rows,
         key=lambda r: (
-            [version_key(str(r["axes"].get(a))) for a in axes],
-            modes.index(r["mode"]) if r["mode"] in modes else 99,
+            [version_key(str(r.axes.get(a))) for a in axes],
+            modes.index(r.mode) if r.mode in modes else 99,
         ),
     ):
-        cells.append(_cell_view(engine, row, axes, concurrencies, modes, envs[row["env_id"]], regressions, moved))
+        cells.append(_cell_view(engine, row, axes, concurrencies, modes, envs[row.env_id], regressions, moved))
     return {
         "matrix": matrix,
         "slug": Path(matrix).stem,
         "engine": engine.name,
         "axes": axes,
-        "axis_values": {a: sorted({str(r["axes"].get(a)) for r in rows}, key=version_key) for a in axes},
+        "axis_values": {a: sorted({str(r.axes.get(a)) for r in rows}, key=version_key) for a in axes},
         "modes": modes,
         "verdicts": [k for k in VERDICT_KINDS if any(_kind(r) == k for r in rows)],
         "counts": {k: n for k in VERDICT_KINDS if (n := sum(1 for r in rows if _kind(r) == k))},
-        "finished": max((str(r.get("finished_at") or "") for r in rows), default=""),
+        "finished": max((str(r.finished_at or "") for r in rows), default=""),
         "concurrencies": concurrencies,
         "ttft_levels": sorted({c for r in rows for c in ttft_ms(r)}),
         "second_mode": modes[1] if len(modes) > 1 else None,
@@ -525,32 +525,32 @@ def _cell_view(
     regressions: Sequence[Regression],
     moved: Mapping[str, str | None],
 ) -> dict:
-    values = spreads(row.get("metrics"))
+    values = spreads(row.metrics)
     medians = tok_s(row)
     found, why = None, ""
-    if len(modes) > 1 and row["mode"] != modes[0]:
+    if len(modes) > 1 and row.mode != modes[0]:
         found = comparison(engine, env.get(modes[0]), row)
-        why = "" if found else no_speedup_text(no_speedup(env.get(modes[0]), row), modes[0], row["mode"])
+        why = "" if found else no_speedup_text(no_speedup(env.get(modes[0]), row), modes[0], row.mode)
     headline = found.headline if found is not None else None
-    mine = [r for r in regressions if r.cell_id == row["cell_id"]]
+    mine = [r for r in regressions if r.cell_id == row.cell_id]
     slower = {r.concurrency: r for r in mine if r.kind == "throughput"}
-    host = row.get("host") or {}
-    excerpt = (row.get("excerpt") or "").strip()
+    host = row.host or {}
+    excerpt = (row.excerpt or "").strip()
     return {
-        "id": row["cell_id"],
-        "env_id": row["env_id"],
-        "axes": {a: str(row["axes"].get(a, "")) for a in axes},
-        "crossed": sorted(row.get("crossed_pins") or {}),
-        "mode": row["mode"],
-        "verdict": str(row["verdict"]),
+        "id": row.cell_id,
+        "env_id": row.env_id,
+        "axes": {a: str(row.axes.get(a, "")) for a in axes},
+        "crossed": sorted(row.crossed_pins or {}),
+        "mode": row.mode,
+        "verdict": str(row.verdict),
         "kind": _kind(row),
-        "cls": failure_class(str(row["verdict"])),
+        "cls": failure_class(str(row.verdict)),
         # What decided it and the evidence layer's pieces, inline; provenance and long lists (a bundle's dozens of
         # package differences from the lock) folded behind a toggle.
         "evidence": (lead := _evidence_lead(row)),
-        "evidence_more": [str(e) for e in row.get("evidence") or [] if str(e) not in lead],
-        "pieces": [p for p in row.get("evidence_model") or [] if isinstance(p, dict)],
-        "own_verdict": str(row.get("own_verdict") or ""),
+        "evidence_more": [str(e) for e in row.evidence or [] if str(e) not in lead],
+        "pieces": [p for p in row.evidence_model or [] if isinstance(p, dict)],
+        "own_verdict": str(row.own_verdict or ""),
         "measured": measured_notes(row),
         "prediction": prediction(row),
         "tok_s": [
@@ -574,16 +574,16 @@ def _cell_view(
             if found is not None and headline is not None
             else None
         ),
-        "ttft_ms": ttft_ms(row) if row["verdict"] == "pass" else {},
+        "ttft_ms": ttft_ms(row) if row.verdict == "pass" else {},
         "no_speedup": why,
         "regressions": [str(r.reason) for r in mine],
         "verdict_regression": next((r.reason for r in mine if r.kind == "verdict"), None),
         "reproduce": reproduce(row, moved),
         "moved": moved_note(row, moved),
-        "argv": shlex.join(portable_argv(row.get("argv") or [], Path.cwd())) if row.get("argv") else "",
-        "lock_hash": row.get("lock_hash") or "",
-        "lock_file": row.get("lock_file") or "",
-        "image_digest": row.get("image_digest") or "",
+        "argv": shlex.join(portable_argv(row.argv or [], Path.cwd())) if row.argv else "",
+        "lock_hash": row.lock_hash or "",
+        "lock_file": row.lock_file or "",
+        "image_digest": row.image_digest or "",
         "host": {
             "name": host.get("hostname") or "",
             "cpu": host.get("cpu") or "",
@@ -593,9 +593,9 @@ def _cell_view(
             "gpus": len(host.get("gpus") or []),
             "driver": host.get("driver") or "",
         },
-        "run_id": row.get("run_id") or "",
-        "finished_at": row.get("finished_at") or "",
-        "excerpt": excerpt if row["verdict"] != "pass" else "",
+        "run_id": row.run_id or "",
+        "finished_at": row.finished_at or "",
+        "excerpt": excerpt if row.verdict != "pass" else "",
     }
 
 
@@ -608,9 +608,9 @@ _STANCE = {"predicts-fail": "predicts the failure", "at-risk": "at risk", "suppo
 def _evidence_lead(row: Row) -> list[str]:
     """The lines beside a verdict: the evidence layer's pieces by their headlines, then what decided the verdict;
     never provenance."""
-    pieces = {p.get("text"): p for p in row.get("evidence_model") or [] if isinstance(p, dict)}
+    pieces = {p.get("text"): p for p in row.evidence_model or [] if isinstance(p, dict)}
     lead = []
-    for line in (str(e) for e in row.get("evidence") or []):
+    for line in (str(e) for e in row.evidence or []):
         piece = pieces.get(line)
         if piece is not None:
             lead.append(f"{_STANCE.get(str(piece.get('stance')), '')}: {piece.get('headline') or line}")

@@ -11,9 +11,8 @@ has the recorded argv. A pid or group a row merely names (a crafted or merged ro
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 import psutil
 
@@ -27,35 +26,33 @@ def reap_orphans(store: Store) -> list[int]:
     killed: list[int] = []
     here = hostinfo.host().hostname
     for row in store.running():
-        hostname = (row.get("host") or {}).get("hostname")
+        hostname = (row.host or {}).get("hostname")
         if hostname not in (None, here):
             continue  # a row merged from another machine: its pids mean nothing here
-        owner = row.get("harness_pid")
+        owner = row.harness_pid
         if owner and owner != os.getpid() and harness_alive(row, here):
             continue  # another live harness owns it
         if hostname == here:
             killed += serve.kill_processes(_our_servers(row), grace_s=5.0)
-        store.finish(
-            row["run_id"], row["cell_id"], verdict="interrupted", excerpt="the harness stopped while this cell ran"
-        )
+        store.finish(row.run_id, row.cell_id, verdict="interrupted", excerpt="the harness stopped while this cell ran")
     return killed
 
 
 _START_SLACK_S = 2.0  # started_at has one-second resolution
 
 
-def _our_servers(row: Row | Mapping[str, Any]) -> list[psutil.Process]:
+def _our_servers(row: Row) -> list[psutil.Process]:
     """The processes of a row's server that this harness started: the recorded leader (its argv too) and its
     descendants, and the members of its group (the leader may be gone, its workers not), each one carrying
     the row's marker and younger than the row."""
-    marker = serve.harness_marker(row["run_id"], row["cell_id"])
+    marker = serve.harness_marker(row.run_id, row.cell_id)
     try:
-        since = datetime.fromisoformat(row["started_at"]).timestamp() - _START_SLACK_S
+        since = datetime.fromisoformat(str(row.started_at)).timestamp() - _START_SLACK_S
     except (TypeError, ValueError):
         return []
-    pid, pgid = row.get("server_pid"), row.get("server_pgid")
+    pid, pgid = row.server_pid, row.server_pgid
     found: list[psutil.Process] = []
-    if pid and _marked(pid, marker, since) and _is_server(pid, row.get("argv") or []):
+    if pid and _marked(pid, marker, since) and _is_server(pid, row.argv or []):
         try:
             root = psutil.Process(pid)
             found = [root, *(p for p in root.children(recursive=True) if _marked(p.pid, marker, since))]

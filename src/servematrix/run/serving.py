@@ -141,10 +141,10 @@ class CellServer:
         row = self.store.undecided(cell.id, inputs_hash, before_run=self.options.run_id)
         if row is None:
             return []
-        records = list((row.get("metrics") or {}).get(FINISHED_STARTS) or [])[: self.starts]
+        records = list((row.metrics or {}).get(FINISHED_STARTS) or [])[: self.starts]
         if not records:
             return []
-        if row.get("lock_hash") != installed:
+        if row.lock_hash != installed:
             self.note(
                 f"{cell.id}: the starts of the stopped run {row['run_id']} are not resumed: they were served from "
                 f"another installed set ({row.get('lock_hash')}, now {installed})"
@@ -152,7 +152,7 @@ class CellServer:
             return []
         starts = [_start_from_record(record) for record in records]
         self.finished_starts[cell.id] = records
-        self.resumed_from[cell.id] = (str(row["run_id"]), len(starts))
+        self.resumed_from[cell.id] = (str(row.run_id), len(starts))
         if cell.mode == self.plan.spec.file.axes["mode"][0]:
             key = self._correctness_key(cell)
             found = correctness.stored_answers(starts[0].metrics, key)
@@ -366,7 +366,7 @@ class CellServer:
         return [
             row
             for row in self.store.latest()
-            if row.get("env_id") == cell.env_id and row.get("mode") == baseline_mode and row.get("verdict") == "pass"
+            if row.env_id == cell.env_id and row.mode == baseline_mode and row.verdict == "pass"
         ]
 
     def _stored_baseline(
@@ -374,14 +374,14 @@ class CellServer:
     ) -> dict[int, list[correctness.Answer]] | None:
         """The baseline's answers from the store (another run, or another runner of the same kind merged in)."""
         for row in self._baseline_rows(cell):
-            found = correctness.stored_answers(row.get("metrics"), key)
+            found = correctness.stored_answers(row.metrics, key)
             if found is not None:
                 return found
         return None
 
     def _stored_accuracy(self, cell: Cell, key: correctness.CorrectnessKey) -> float | None:
         for row in self._baseline_rows(cell):
-            record = (row.get("metrics") or {}).get("correctness") or {}
+            record = (row.metrics or {}).get("correctness") or {}
             if record.get("key") == key.to_dict() and isinstance(record.get("accuracy"), dict):
                 return record["accuracy"].get("score")
         return None

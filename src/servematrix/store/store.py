@@ -71,12 +71,12 @@ class Claim:
     unchanged: bool = False  # a final result with the same inputs exists
 
 
-def harness_alive(row: Row | Mapping[str, Any], hostname: str) -> bool:
+def harness_alive(row: Row, hostname: str) -> bool:
     """Whether the harness that wrote a running row is still running it (on this host, not a reused pid)."""
-    host = row.get("host") or {}
+    host = row.host or {}
     if host.get("hostname") not in (None, hostname):
         return False  # a row merged from another machine: its pids mean nothing here
-    pid = row.get("harness_pid")
+    pid = row.harness_pid
     if not pid:
         return False
     try:
@@ -85,7 +85,7 @@ def harness_alive(row: Row | Mapping[str, Any], hostname: str) -> bool:
         return False
     except psutil.AccessDenied:
         return True
-    started = row.get("started_at")
+    started = row.started_at
     try:
         stamp = datetime.fromisoformat(started).timestamp() if started else None
     except ValueError:
@@ -221,20 +221,24 @@ class Store:
         result with the same inputs means there is nothing to do; with it, only a final result another run
         started since `since` (this run's start) does. A final result `counts` refuses is no finished run.
         """
-        row = {"status": "running", "started_at": now(), **values}
+        row = Row.of({"status": "running", "started_at": now(), **values})
         with self._transaction() as db:
             for other in self._select_in(
-                db, "WHERE cell_id = ? AND status = 'running' AND run_id != ?", (row["cell_id"], row["run_id"])
+                db, "WHERE cell_id = ? AND status = 'running' AND run_id != ?", (row.cell_id, row.run_id)
             ):
-                if other.get("harness_pid") != row.get("harness_pid") and harness_alive(other, hostname):
-                    return Claim(claimed=False, owner_pid=other["harness_pid"])
-            done = self._newest_finished(db, row["cell_id"], row["inputs_hash"])
-            done_by_another = done is not None and since is not None and done["run_id"] != row["run_id"]
+                if other.harness_pid != row.harness_pid and harness_alive(other, hostname):
+                    return Claim(claimed=False, owner_pid=other.harness_pid)
+            done = self._newest_finished(db, row.cell_id, row.inputs_hash)
+            done_by_another = done is not None and since is not None and done.run_id != row.run_id
             if done is not None and counts is not None and not counts(done):
                 done = None
-            if done is not None and _final(done) and (not rerun or (done_by_another and done["started_at"] >= since)):
+            if (
+                done is not None
+                and _final(done)
+                and (not rerun or (done_by_another and since is not None and (done.started_at or "") >= since))
+            ):
                 return Claim(claimed=False, unchanged=True)
-            encoded = encode_row(row)
+            encoded = encode_row(row.values)
             db.execute(
                 f"INSERT OR REPLACE INTO cell_runs ({', '.join(encoded)}) VALUES ({', '.join('?' for _ in encoded)})",
                 tuple(encoded.values()),
@@ -531,5 +535,4 @@ def _store_error(path: Path, exc: sqlite3.Error) -> InputError:
 
 
 def _final(row: Row) -> bool:
-    text = row.get("verdict")
-    return bool(text) and Verdict.parse(text).final
+    return bool(row.verdict) and Verdict.parse(str(row.verdict)).final

@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 
 from servematrix.classify import match_file
+from servematrix.records.row import Row
 from servematrix.report.markdown import deciding_line
 
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 
 
-def _row_from(log: str, engine: str = "sglang") -> dict:
+def _row_from(log: str, engine: str = "sglang") -> Row:
     """A failing row as the harness stores it: the class and excerpt its live classification gives."""
     found = match_file(LOGS / log, engine)
     assert found is not None
-    return {"engine": engine, "verdict": f"fail:{found.cls}", "excerpt": found.excerpt}
+    return Row.of({"engine": engine, "verdict": f"fail:{found.cls}", "excerpt": found.excerpt})
 
 
 @pytest.mark.parametrize(
@@ -39,7 +40,7 @@ def test_the_line_that_decided_a_real_failure(log, wanted):
     row = _row_from(log)
     line = deciding_line(row)
     assert line.startswith(wanted)
-    lines = [x for x in row["excerpt"].strip().splitlines() if x.strip()]
+    lines = [x for x in str(row.excerpt).strip().splitlines() if x.strip()]
     assert line != lines[-1].strip()[:200]  # the excerpt's last line was what the pages showed
     assert line in (x.strip()[:200] for x in lines)
 
@@ -52,7 +53,7 @@ def test_a_signature_line_is_preferred_to_the_exception_after_it():
         '  File ".../scheduler.py", line 4025, in run_scheduler_process\n'
         "RuntimeError: Unknown keyword argument 'topk_indices'\n"
     )
-    row = {"engine": "sglang", "verdict": "fail:graph-capture-failed", "excerpt": excerpt}
+    row = Row.of({"engine": "sglang", "verdict": "fail:graph-capture-failed", "excerpt": excerpt})
     assert deciding_line(row).startswith("[2026-12-05 02:27:49] Piecewise CUDA Graph failed with error:")
 
 
@@ -63,7 +64,7 @@ def test_a_pre_flights_note_after_its_error_is_not_the_line():
         "faked: torch.cuda device queries answer sm_120 (capability, properties, memory)\n"
     )
     # A class no signature names by a line of this text: the exception line decides.
-    row = {"engine": "sglang", "verdict": "predicted-fail:load-failed", "excerpt": excerpt}
+    row = Row.of({"engine": "sglang", "verdict": "predicted-fail:load-failed", "excerpt": excerpt})
     assert deciding_line(row) == "NotImplementedError: Unsupported runner backend: MoeRunnerBackend.CUTLASS"
 
 
@@ -71,8 +72,8 @@ def test_without_a_signature_or_an_exception_the_last_line_stands():
     excerpt = (
         "No solution found when resolving dependencies\nwe can conclude that your requirements are unsatisfiable.\n"
     )
-    row = {"engine": "sglang", "verdict": "unresolvable", "excerpt": excerpt}
+    row = Row.of({"engine": "sglang", "verdict": "unresolvable", "excerpt": excerpt})
     assert deciding_line(row) == "we can conclude that your requirements are unsatisfiable."
-    assert deciding_line({"engine": "nosuch", "verdict": "fail:x", "excerpt": ""}) == ""
-    unknown_engine = {"engine": "no-such-engine", "verdict": "fail:x", "excerpt": "a\nValueError: b\n"}
+    assert deciding_line(Row.of({"engine": "nosuch", "verdict": "fail:x", "excerpt": ""})) == ""
+    unknown_engine = Row.of({"engine": "no-such-engine", "verdict": "fail:x", "excerpt": "a\nValueError: b\n"})
     assert deciding_line(unknown_engine) == "ValueError: b"

@@ -148,7 +148,7 @@ def test_a_cells_timeline_names_the_release_a_stored_bisection_named():
 
     note = "sglang 0.5.13 is the first release that fails (0.5.12 passes)"
     shown = timeline(
-        {"entries": [{"verdict": "fail:x", "date": "d", "category": "new"}]}, {"evidence": [NOTE_PREFIX + note]}
+        {"entries": [{"verdict": "fail:x", "date": "d", "category": "new"}]}, Row.of({"evidence": [NOTE_PREFIX + note]})
     )
     assert shown is not None and shown["bisected"] == [note] and shown["entries"][0]["verdict"] == "fail:x"
 
@@ -433,7 +433,7 @@ def test_another_workloads_figures_are_filed_as_changed_inputs_never_regressed()
             "finished_at": "2026-02-01T00:00:00+00:00", "stages": {"serve": 1.0, "bench": 2.0},
             "metrics": {**metrics((tok_s * 0.99, tok_s, tok_s * 1.01)), "workload": {"output_len": output_len}},
         }  # fmt: skip
-        return history.entry_of(row)
+        return history.entry_of(Row.of(row))
 
     category, why = history.categorize(entry("r1", 100.0, 64), entry("r2", 10.0, 8))
     assert category == "changed-inputs" and "workload changed" in why

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from servematrix.cli import main
+from servematrix.records.row import Row
 from servematrix.report.markdown import reproduce
 from servematrix.store.store import Store
 from tests.conftest import SMALL_SGLANG
@@ -321,13 +322,13 @@ def test_a_cpu_preflight_never_overwrites_nor_regresses_a_gpu_observation():
     predicted = {**observed, "run_id": "cpu", "verdict": "predicted-fail:dynamo-untraceable",
                  "finished_at": "2026-12-03T00:00:00+00:00"}  # fmt: skip
     published = {"cells": {"c": observed}}
-    merged = merge_published(published, [predicted])
-    assert merged.kept_observed == 1 and merged.rows[0]["verdict"] == "pass"
-    assert detect_regressions([predicted], published) == []
+    merged = merge_published(published, [Row.of(predicted)])
+    assert merged.kept_observed == 1 and merged.rows[0].verdict == "pass"
+    assert detect_regressions([Row.of(predicted)], published) == []
     # A GPU run's failure is a regression as before.
     failed = {**observed, "run_id": "gpu2", "verdict": "fail:cuda-oom", "finished_at": "2026-12-03T00:00:00+00:00"}
-    assert merge_published(published, [failed]).rows[0]["verdict"] == "fail:cuda-oom"
-    assert [r.kind for r in detect_regressions([failed], published)] == ["verdict"]
+    assert merge_published(published, [Row.of(failed)]).rows[0].verdict == "fail:cuda-oom"
+    assert [r.kind for r in detect_regressions([Row.of(failed)], published)] == ["verdict"]
 
 
 def test_a_huge_excerpt_is_bounded_where_it_is_published(project: Path):

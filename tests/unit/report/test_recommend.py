@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from servematrix.cli import main
+from servematrix.records.row import Row
 from servematrix.report.recommend import recommend, render_markdown
 from servematrix.store.store import Store
 
@@ -134,7 +135,7 @@ def test_ranked_by_evidence_own_pins_first_and_nothing_against_a_pick():
 
 def test_every_cell_at_risk_still_answers_and_says_so():
     against = {"kind": "advisory", "stance": "at-risk", "text": "at-risk: advisory X", "headline": "advisory X"}
-    rows = [{**_open("only", "baseline", []), "evidence_model": [against]}]
+    rows = [Row.of({**_open("only", "baseline", []), "evidence_model": [against]})]
     (rec,) = recommend(rows)
     assert rec.stacks == () and [p.cell_id for p in rec.picks] == ["only"]
     from servematrix.report.recommend import render_text

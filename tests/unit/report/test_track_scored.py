@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from servematrix.planning.plan import make_plan
+from servematrix.records.row import Row
 from servematrix.report.history import track
 from servematrix.report.publish import store_rows
 from servematrix.run.pipeline import run_plan
@@ -19,18 +20,20 @@ RESOLVED = {"key": "k", "outcome": "resolved"}
 UNAVAILABLE = {"key": "k", "outcome": "unavailable", "evidence": ["no interpreter in a container"]}
 
 
-def _row(prediction: str, verdict: str = "pass", **preflight: Any) -> dict[str, Any]:
-    return {
-        "cell_id": "c1",
-        "run_id": "r1",
-        "engine": "toyserve",
-        "verdict": verdict,
-        "prediction": prediction,
-        "preflight": preflight,
-        "host": {"gpu_sku": "h100"},
-        "stages": {"build": 1.0, "serve": 2.0},
-        "finished_at": "2026-12-06T10:00:00Z",
-    }
+def _row(prediction: str, verdict: str = "pass", **preflight: Any) -> Row:
+    return Row.of(
+        {
+            "cell_id": "c1",
+            "run_id": "r1",
+            "engine": "toyserve",
+            "verdict": verdict,
+            "prediction": prediction,
+            "preflight": preflight,
+            "host": {"gpu_sku": "h100"},
+            "stages": {"build": 1.0, "serve": 2.0},
+            "finished_at": "2026-12-06T10:00:00Z",
+        }
+    )
 
 
 def test_resolve_is_no_pre_flight_prediction():

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from servematrix.cli import main
 from servematrix.planning.plan import make_plan
+from servematrix.records.row import Row
 from servematrix.run.pipeline import run_plan
 from servematrix.run.runplan import RunOptions
 from servematrix.store.redact import secret_variable
@@ -146,6 +147,6 @@ def test_the_reproduce_command_names_the_variable_of_each_masked_flag():
     from servematrix.report.markdown import reproduce
 
     row = {"matrix": "matrix/m.toml", "cell_id": "abc", "backend": "venv", "redacted_flags": ["--api-key"]}
-    command = reproduce(row)
+    command = reproduce(Row.of(row))
     assert command.startswith("SERVEMATRIX_SECRET_API_KEY=*** servematrix run matrix/m.toml")
-    assert reproduce({**row, "redacted_flags": []}).startswith("servematrix run")
+    assert reproduce(Row.of({**row, "redacted_flags": []})).startswith("servematrix run")

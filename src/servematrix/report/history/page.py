@@ -17,7 +17,7 @@ SHOWN = 8  # a cell's newest entries listed on the page; the feed has all of the
 PLOTTED = 30  # a cell's newest entries with figures in its plot
 
 
-def timeline(cell: Mapping[str, Any] | None, row: Row | Mapping[str, Any]) -> dict[str, Any] | None:
+def timeline(cell: Mapping[str, Any] | None, row: Row) -> dict[str, Any] | None:
     """What a cell's detail shows of its history: its runs newest first, since when its verdict holds, the
     category of its last run and the bisection notes its row carries."""
     bisected = notes([row])
@@ -146,7 +146,7 @@ def history_view(advance: Advance | None, sections: Sequence[dict[str, Any]], ro
     for section in sections:
         for view in section.get("cells", []):
             cell = cells.get(view["id"])
-            view["history"] = timeline(cell, {"evidence": view.get("evidence") or []})
+            view["history"] = timeline(cell, Row.of({"evidence": view.get("evidence") or []}))
             svg = figures_plot(cell, f"cell {view['id']} ({view['mode']}): figures over time") if cell else None
             view["history_plot"] = "data:image/svg+xml;base64," + base64.b64encode(svg).decode() if svg else ""
     if advance is None:

@@ -74,10 +74,10 @@ def _round(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def figures(row: Row | Mapping[str, Any]) -> dict[str, list[float]]:
+def figures(row: Row) -> dict[str, list[float]]:
     """The headline figures of a row with their intervals: `tok_s@<c>` (output tok/s) and `ttft_ms@<c>` (the
     prefill profile's TTFT) -> [min, median, max] over the repeats."""
-    metrics = row.get("metrics")
+    metrics = row.metrics
     out: dict[str, list[float]] = {}
     try:
         for c, s in sorted(spreads(metrics).items()):
@@ -89,11 +89,11 @@ def figures(row: Row | Mapping[str, Any]) -> dict[str, list[float]]:
     return out
 
 
-def decided_on(row: Row | Mapping[str, Any]) -> str:
+def decided_on(row: Row) -> str:
     """`cpu` when nothing was served on a GPU (a CPU pre-flight, a CPU cell), else the GPU the host named."""
-    stages = row.get("stages") or {}
-    served = row.get("metrics") is not None or any(s in stages for s in ("build", "serve", "bench"))
-    gpu = (row.get("host") or {}).get("gpu_sku")
+    stages = row.stages or {}
+    served = row.metrics is not None or any(s in stages for s in ("build", "serve", "bench"))
+    gpu = (row.host or {}).get("gpu_sku")
     return str(gpu) if served and gpu else "cpu"
 
 
@@ -132,23 +132,23 @@ def pins_digest(pins: Mapping[str, str]) -> str:
 _DIGESTS: dict[int, tuple[Mapping[str, str], str]] = {}  # the lock files' pins above, digested once
 
 
-def entry_of(row: Row | Mapping[str, Any], pins: Mapping[str, str] | None = None) -> dict[str, Any]:
+def entry_of(row: Row, pins: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A row's history entry (without its category)."""
     entry: dict[str, Any] = {
-        "date": row.get("finished_at"),
-        "run_id": row.get("run_id"),
-        "inputs": _digest([row.get("inputs_hash"), row.get("lock_hash"), row.get("image_digest")]),
-        "verdict": str(row.get("verdict") or ""),
+        "date": row.finished_at,
+        "run_id": row.run_id,
+        "inputs": _digest([row.inputs_hash, row.lock_hash, row.image_digest]),
+        "verdict": str(row.verdict or ""),
         "on": decided_on(row),
     }
     if pins is not None:
         entry["lock"] = pins_digest(pins)
-    if row.get("preflight_hash"):
-        entry["checks"] = str(row["preflight_hash"])[:12]
+    if row.preflight_hash:
+        entry["checks"] = str(row.preflight_hash)[:12]
     found = figures(row)
     if found:
         entry["figures"] = found
-    metrics = row.get("metrics")
+    metrics = row.metrics
     if isinstance(metrics, Mapping) and metrics.get("workload") is not None:
         # Two matrices differing only in their workload share cell ids: their figures are never compared.
         entry["workload"] = _digest(metrics["workload"])[:12]
@@ -324,7 +324,8 @@ def _seed(cell: dict[str, Any], previous: Mapping[str, Any] | None) -> None:
     if entries and entries[-1].get("run_id") == previous.get("run_id"):
         return
     if "cell_id" in previous:  # a published row
-        entry = {**entry_of(previous), "category": "new", "why": "from the record published before the history"}
+        published = Row.of({k: v for k, v in previous.items() if k != "previous"})
+        entry = {**entry_of(published), "category": "new", "why": "from the record published before the history"}
     else:
         entry = {
             "date": previous.get("finished_at"),
@@ -369,25 +370,25 @@ def advance(
     pins_of: dict[tuple[str, str], dict[str, str] | None] = {}
     old_cells = (record or {}).get("cells") or {}
     for row in rows:
-        cell_id = str(row["cell_id"])
+        cell_id = str(row.cell_id)
         cell = cells.get(cell_id)
         if cell is None:
             cell = cells[cell_id] = {"entries": [], "dropped": 0}
             old = old_cells.get(cell_id) if isinstance(old_cells, Mapping) else None
             if isinstance(old, Mapping):  # an older record: its one-step summary, then its row
                 _seed(cell, old.get("previous"))
-                if old.get("run_id") != row.get("run_id"):
+                if old.get("run_id") != row.run_id:
                     _seed(cell, old)
-        cell.update(matrix=row.get("matrix"), mode=row.get("mode"), env_id=row.get("env_id"), axes=dict(row["axes"]))
+        cell.update(matrix=row.matrix, mode=row.mode, env_id=row.env_id, axes=dict(row.axes))
         entries = cell["entries"]
         last = entries[-1] if entries else None
-        if last is not None and row.get("run_id") in (last.get("run_id"), last.get("last_run_id")):
+        if last is not None and row.run_id in (last.get("run_id"), last.get("last_run_id")):
             kept += 1
-            _renamed(last, str(row.get("verdict")), date)
+            _renamed(last, str(row.verdict), date)
             continue
-        key = (str(row.get("lock_file") or ""), str(row.get("lock_hash") or ""))
+        key = (str(row.lock_file or ""), str(row.lock_hash or ""))
         if key not in pins_of:
-            pins_of[key] = read_pins(row.get("lock_file"), row.get("lock_hash"), root)
+            pins_of[key] = read_pins(row.lock_file, row.lock_hash, root)
         pins = pins_of[key]
         entry = entry_of(row, pins)
         before = previous_decided(entries)
@@ -424,7 +425,7 @@ def advance(
             del entries[: len(entries) - MAX_ENTRIES]
     # The cells are the published ones: a cell pruned from the record (`--prune`) leaves its history too, so
     # matrices that change their cells do not grow the feed for ever.
-    published = {str(row["cell_id"]) for row in rows}
+    published = {str(row.cell_id) for row in rows}
     out["cells"] = cells = {cell_id: cell for cell_id, cell in cells.items() if cell_id in published}
     # The lock versions kept are those the cells' last entries use: the next change is told from them.
     used = {c["entries"][-1].get("lock") for c in cells.values() if c.get("entries")}

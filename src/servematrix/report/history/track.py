@@ -93,9 +93,9 @@ NOT_PREDICTIONS = frozenset({"resolve"})
 NOTHING_RAN = "no pre-flight ran on the served interpreter (each could not run there)"
 
 
-def _stages(row: Row | Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+def _stages(row: Row) -> dict[str, Mapping[str, Any]]:
     """The row's pre-flight stages that predict serving, by name, with their stored outcomes."""
-    outcomes = row.get("preflight") or {}
+    outcomes = row.preflight or {}
     return {
         str(stage): found
         for stage, found in outcomes.items()
@@ -103,24 +103,24 @@ def _stages(row: Row | Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     }
 
 
-def ran(row: Row | Mapping[str, Any]) -> bool:
+def ran(row: Row) -> bool:
     """Whether the row's own prediction rests on a pre-flight that ran: a predicted failure, or a pre-flight
     that passed or gave a verdict. A `pass` where each could not run (or none is stored) predicts nothing."""
-    if str(row.get("prediction") or "") != "pass":
+    if str(row.prediction or "") != "pass":
         return True
     return any(found.get("outcome") in ("passed", "verdict") for found in _stages(row).values())
 
 
-def scored(rows: Iterable[Row | Mapping[str, Any]]) -> Scores:
+def scored(rows: Iterable[Row]) -> Scores:
     """Every row that carries its own prediction, scored (see the module doc)."""
     by_engine: dict[str, Counter[str]] = {}
     by_preflight: dict[tuple[str, str], Counter[str]] = {}
     why: Counter[str] = Counter()
     for row in rows:
-        predicted, observed = row.get("prediction"), str(row.get("verdict") or "")
+        predicted, observed = row.prediction, str(row.verdict or "")
         if not predicted or decided_on(row) == "cpu":
             continue
-        engine = str(row.get("engine") or "")
+        engine = str(row.engine or "")
         whole = score(str(predicted), observed) if ran(row) else f"{NOT_COMPARABLE}: {NOTHING_RAN}"
         pairs: list[tuple[str | None, str]] = [(None, whole)]
         pairs += [(stage, stage_score(found, observed)) for stage, found in _stages(row).items()]
@@ -176,7 +176,7 @@ def _prediction(verdict: str) -> tuple[str, str] | None:
     return None
 
 
-def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping[str, Any]] = ()) -> TrackRecord:
+def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row] = ()) -> TrackRecord:
     """For each GPU observation (pass or fail) with an earlier CPU prediction of the same inputs, in a cell's
     history, or in a row's own `prediction` field: whether the prediction held, by its class."""
     rows = list(rows)  # read twice: the pairs of history, and the rows' own predictions (`scored`)
@@ -214,10 +214,10 @@ def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping
             if not held:
                 contradicted.append(Contradiction(cell_id=cell_id, predicted=earlier, observed=observed))
     for row in rows:
-        predicted, verdict = row.get("prediction"), str(row.get("verdict") or "")
+        predicted, verdict = row.prediction, str(row.verdict or "")
         if not predicted or decided_on(row) == "cpu" or verdict_kind(verdict) not in ("pass", "fail"):
             continue
-        if (str(row.get("cell_id")), str(row.get("run_id"))) in seen or not ran(row):
+        if (str(row.cell_id), str(row.run_id)) in seen or not ran(row):
             continue
         found = _prediction(str(predicted)) or (("pass", "passed the pre-flights") if predicted == "pass" else None)
         if found is None:
@@ -231,12 +231,12 @@ def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row | Mapping
             observed = entry_of(row)
             contradicted.append(
                 Contradiction(
-                    cell_id=str(row.get("cell_id")),
+                    cell_id=str(row.cell_id),
                     # made by the same run, on the interpreter it then served with
                     predicted={
                         "verdict": predicted,
                         "on": SERVED,
-                        "run_id": row.get("run_id"),
+                        "run_id": row.run_id,
                         "date": observed.get("date"),
                     },
                     observed=observed,
