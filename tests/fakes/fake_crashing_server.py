@@ -3,16 +3,19 @@
 It prints start-up lines, then optionally replays a real crash log after N seconds, then hangs (as SGLang
 does when a scheduler dies), or exits. It can spawn a child (like SGLang's scheduler/detokenizer
 workers) and ignore SIGTERM, to prove the harness kills the whole tree. It never serves HTTP unless
---serve-after is given.
+--serve-after or --serve-when-replayed is given. It can flood its output with a real SGLang decode line
+before the replay and after it (`--flood-after -1`: until it is stopped), to go past the log's bounds.
 
     python fake_crashing_server.py --port P [--replay LOG] [--after S] [--then hang|exit] [--child]
-                                   [--ignore-term] [--serve-after S] [--bind]
+                                   [--ignore-term] [--serve-after S] [--bind] [--flood BYTES]
+                                   [--flood-after BYTES] [--serve-when-replayed]
 """
 
 from __future__ import annotations
 
 import argparse
 import http.server
+import os
 import signal
 import socket
 import subprocess
@@ -33,6 +36,9 @@ def main() -> int:
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--serve-after", type=float, help="answer HTTP 200 on every path after S seconds")
     parser.add_argument("--bind", action="store_true", help="bind the port first (fails if it is in use)")
+    parser.add_argument("--flood", type=int, default=0, help="print about this many bytes before the replay")
+    parser.add_argument("--flood-after", type=int, default=0, help="and after it (-1: until stopped)")
+    parser.add_argument("--serve-when-replayed", action="store_true", help="answer HTTP 200 once replayed")
     args = parser.parse_args()
 
     if args.ignore_term:
@@ -56,15 +62,38 @@ def main() -> int:
     if args.serve_after is not None:
         threading.Timer(args.serve_after, _serve, (args.host, args.port)).start()
     time.sleep(args.after)
+    _flood(args.flood)
     if args.replay:
         with open(args.replay, encoding="utf-8") as handle:
             for line in handle:
                 sys.stdout.write(line)
         sys.stdout.flush()
+    if args.serve_when_replayed:
+        threading.Thread(target=_serve, args=(args.host, args.port), daemon=True).start()
+    if args.flood_after:
+        _flood(args.flood_after)
+        print("[fake] flooded", flush=True)
     if args.then == "exit":
         return args.exit_code
     while True:
         time.sleep(3600)
+
+
+# A real line of sglang 0.5.12's decode loop (tests/fixtures/logs/h200-sglang-0.5.12-baseline-server.log).
+DECODE_LINE = (
+    b"[2026-12-03 06:26:06] Decode batch, #running-req: 1, #token: 299, token usage: 0.00, cuda graph: True, "
+    b"gen throughput (token/s): 364.30, #queue-req: 0\n"
+)
+
+
+def _flood(size: int) -> None:
+    """About `size` bytes of decode lines, as fast as the pipe takes them (whole lines: at least `size`);
+    a negative size, until the process is stopped."""
+    block = DECODE_LINE * 512
+    written = 0
+    while size < 0 or written < size:
+        os.write(sys.stdout.fileno(), block)
+        written += len(block)
 
 
 class _Ok(http.server.BaseHTTPRequestHandler):

@@ -940,7 +940,7 @@ def test_a_secret_split_by_a_terminal_escape_is_redacted_in_the_log_and_its_exce
 def test_a_progress_bar_of_bare_carriage_returns_holds_a_bounded_partial_line(tmp_path: Path):
     from servematrix.backends import LaunchSpec
     from servematrix.engines import Readiness
-    from servematrix.stages import serve
+    from servematrix.stages import serve, serverlog
 
     script = "import sys, time; sys.stdout.write('10%\\r' * 400_000); sys.stdout.flush(); time.sleep(30)"
     launch = LaunchSpec(argv=(sys.executable, "-c", script), env=dict(os.environ), owns_listener=False)
@@ -952,7 +952,7 @@ def test_a_progress_bar_of_bare_carriage_returns_holds_a_bounded_partial_line(tm
         while (tmp_path / "s.log").stat().st_size < 1_000_000 and time.monotonic() < deadline:
             time.sleep(0.05)
         server.check()
-        assert len(server._partial) <= serve.PARTIAL_MAX
+        assert len(server._live.partial) <= serverlog.PARTIAL_MAX
 
 
 def test_recommend_prints_no_terminal_control_sequence(project: Path, capsys: pytest.CaptureFixture[str]):

@@ -1,12 +1,13 @@
 """The serve stage: launch a cell's server, know when it is ready or doomed, and always tear it down.
 
 The server runs in its own session (process group). Its output reaches the log file only through a
-redacting writer (a thread of the harness): each line is redacted before it is written, so the file never
-holds a secret, even if the harness is SIGKILLed (the server then writes into a closed pipe, and nothing
-more reaches the file). While waiting, the harness tails that file through the engine's failure
-signatures: a fatal line ends the cell at once (SGLang often keeps running, hung, after a scheduler dies),
-without waiting for the readiness deadline. Teardown kills the whole process tree, found with psutil, on
-every path.
+redacting writer (a thread of the harness, `serverlog.pump`): each line is redacted before it is written, so
+the file never holds a secret, even if the harness is SIGKILLed (the server then writes into a closed pipe,
+and nothing more reaches the file). The same thread hands every line to the live scan: the engine's ready
+line, and its failure signatures, where a fatal line ends the cell at once (SGLang often keeps running, hung,
+after a scheduler dies) without waiting for the readiness deadline. The scan reads the stream, not the file:
+the file keeps a bounded head and tail (`serverlog.LOG_BOUNDS`), the scan sees every line. Teardown kills the
+whole process tree, found with psutil, on every path.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO
 
 import psutil
 
@@ -31,10 +31,10 @@ from servematrix.backends import LaunchSpec
 from servematrix.classify import LogScanner
 from servematrix.engines import Readiness
 from servematrix.formats.verdict import Verdict, failed
-from servematrix.store.redact import EXCERPT_LINE_MAX, LineRedactingWriter, Redactor, bounded_excerpt
+from servematrix.stages import serverlog
+from servematrix.store.redact import EXCERPT_LINE_MAX, Redactor, bounded_excerpt
 
 TAIL_LINES = 30
-PARTIAL_MAX = 64 * 1024  # the most of an unfinished log line held between reads
 SCAN_INTERVAL_S = 0.1
 SETTLE_S = 0.5
 # How long the log writer may keep draining a server's output after the server exited or was killed.
@@ -80,6 +80,7 @@ class Server:
         public_env: Collection[str] = (),
         passed_env: Collection[str] = (),
         marker: str | None = None,
+        log_bounds: serverlog.LogBounds | None = None,
     ) -> None:
         self.launch = launch
         self.engine = engine
@@ -97,30 +98,42 @@ class Server:
         self._redactor = Redactor.for_launch(
             launch.argv, {**os.environ, **launch.env}, secret_flags, passed=passed_env, public_env=public_env
         )
+        self.log_bounds = log_bounds or serverlog.LOG_BOUNDS
         self.process: subprocess.Popen[bytes] | None = None
+        self.log: serverlog.BoundedLog | None = None
+        self._live = serverlog.LiveLines()  # the pump's: the lines of the output, an unfinished one held
         self._pump: threading.Thread | None = None
+        # Fed by the pump's thread (`_on_lines`), read by the harness's: `_lock` guards the scan's state.
+        self._lock = threading.Lock()
         self._scanner = LogScanner(engine, env={**os.environ, **launch.env})
-        self._offset = 0
-        self._partial = ""
         self._ready_line_at: float | None = None  # when the engine's own ready line appeared in the log
         self._lines: deque[str] = deque(maxlen=TAIL_LINES)  # the tail only: logs of long runs are large
+        self._doomed = False  # a fatal line was seen
+        self._scan_error: BaseException | None = None  # raised by the scan in the pump's thread
         self._fatal: Verdict | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path.write_bytes(b"")
-        self.process = subprocess.Popen(
-            self.launch.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**self.launch.env, **({HARNESS_MARKER: self.marker} if self.marker else {})},
-            start_new_session=True,  # its own process group: one killpg reaches every worker
-        )
+        self.log = serverlog.BoundedLog(self.log_path, self.log_bounds)
+        try:
+            self.process = subprocess.Popen(
+                self.launch.argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**self.launch.env, **({HARNESS_MARKER: self.marker} if self.marker else {})},
+                start_new_session=True,  # its own process group: one killpg reaches every worker
+            )
+        except BaseException:
+            self.log.close()
+            raise
         assert self.process.stdout is not None
         self._pump = threading.Thread(
-            target=_pump, args=(self.process.stdout, self.log_path, self._redactor), name="server-log", daemon=True
+            target=serverlog.pump,
+            args=(self.process.stdout, self.log, self._redactor, self._on_lines, self._live),
+            name="server-log",
+            daemon=True,
         )
         self._pump.start()
         try:
@@ -179,68 +192,57 @@ class Server:
             time.sleep(min(SCAN_INTERVAL_S, max(0.0, next_poll - time.monotonic())) or SCAN_INTERVAL_S)
 
     def check(self) -> Verdict | None:
-        """A verdict if the server is doomed: a fatal signature in its log, or its process exited."""
+        """A verdict if the server is doomed: a fatal signature in its output, or its process exited."""
         assert self.process is not None
         if self._fatal is not None:
             return self._fatal
-        if self._scan() is not None:
+        if self._scan_error is not None:
+            raise self._scan_error
+        if self._doomed:
             # The first fatal line is often the generic "Scheduler hit an exception"; the specific cause
             # (dynamo, OOM, NCCL) follows within the same log record. Read a moment longer, then rank.
             time.sleep(SETTLE_S)
-            self._scan()
             self.stop(grace_s=2.0)  # a fatal line means the run is over even if the process lingers
-            self._scan()
-            match = self._scanner.best()
+            self._drain()  # what it wrote before it went is scanned too
+            with self._lock:
+                match = self._scanner.best()
             assert match is not None
             self._fatal = failed(match.cls, excerpt=match.excerpt, evidence=match.evidence)
             return self._fatal
         code = self.process.poll()
         if code is not None:
             self._drain()
-            self._scan()
-            found = self._scanner.best()
-            tail = self._tail()
+            with self._lock:
+                found = self._scanner.best()
             if found is not None:
                 self._fatal = failed(found.cls, excerpt=found.excerpt, evidence=found.evidence)
             else:
-                self._fatal = failed("server-exited", excerpt=f"exit code {code}; last lines:\n{tail}")
+                self._fatal = failed("server-exited", excerpt=f"exit code {code}; last lines:\n{self._tail()}")
             return self._fatal
         return None
 
-    def _scan(self):  # type: ignore[no-untyped-def]
-        try:
-            with self.log_path.open("rb") as handle:
-                handle.seek(self._offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return None
-        if not chunk:
-            return None
-        self._offset += len(chunk)
-        text = self._partial + chunk.decode("utf-8", errors="replace")
-        lines = text.split("\n")
-        self._partial = lines.pop()
-        if len(self._partial) > PARTIAL_MAX:  # a progress bar that only writes `\r`: read up to its last one
-            cut = self._partial.rfind("\r") + 1
-            if not cut or len(self._partial) - cut > PARTIAL_MAX:
-                cut = len(self._partial)
-            lines.append(self._partial[:cut])
-            self._partial = self._partial[cut:]
-        first_fatal = None
+    def _on_lines(self, lines: list[str]) -> None:
+        """Every line the server writes, redacted, as the pump reads it (the pump's thread): the ready line,
+        fatal lines, the last lines. The file may leave a line out; this never does."""
+        if self._scan_error is not None:
+            return
         ready_log = self.readiness.ready_log
-        for line in lines:
-            self._lines.append(line)
-            if ready_log and self._ready_line_at is None and ready_log in line:
-                self._ready_line_at = time.monotonic()
-            hit = self._scanner.feed(line)
-            if hit is not None and first_fatal is None:
-                first_fatal = hit
-        return first_fatal
+        try:
+            with self._lock:
+                for line in lines:
+                    self._lines.append(line[: 4 * EXCERPT_LINE_MAX])
+                    if ready_log and self._ready_line_at is None and ready_log in line:
+                        self._ready_line_at = time.monotonic()
+                    if self._scanner.feed(line) is not None:
+                        self._doomed = True
+        except Exception as exc:  # a fault of the scan is the harness's: raised where the verdict is made
+            self._scan_error = exc
 
     def _tail(self) -> str:
-        # Each line is cut well past what the excerpt keeps before it is redacted (a 1 MB line is seconds of
+        # Each line was cut well past what the excerpt keeps before it is redacted (a 1 MB line is seconds of
         # redaction), so a secret straddling the excerpt's cut is still whole when it is masked.
-        lines = (line[: 4 * EXCERPT_LINE_MAX] for line in self._lines)
+        with self._lock:
+            lines = list(self._lines)
         return bounded_excerpt(self._redactor.text("\n".join(lines)))
 
     def _drain(self) -> None:
@@ -300,20 +302,6 @@ def status_is_200(host: str, port: int, path: str, timeout_s: float) -> bool:
         return False
     status = head.split(b"\r\n", 1)[0].split()
     return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1] == b"200"
-
-
-def _pump(stream: IO[bytes], log_path: Path, redactor: Redactor) -> None:
-    """Copy a server's output to its log, redacted line by line and unbuffered (the tail is read live)."""
-    with log_path.open("ab", buffering=0) as log:
-        writer = LineRedactingWriter(log, redactor)
-        try:
-            while chunk := os.read(stream.fileno(), 65536):
-                writer.write(chunk)
-        except OSError:
-            pass
-        finally:
-            writer.close()
-            stream.close()
 
 
 def kill_tree(pid: int, pgid: int | None, *, grace_s: float = 10.0, markers: Sequence[str] = ()) -> list[int]:
