@@ -129,3 +129,27 @@ def test_a_server_that_exits_after_flooding_is_named_from_the_end_of_its_output(
     found = match_file(tmp_path / "server.log", "sglang")
     assert found is not None and found.cls == "python-exception"
     assert MARKER.search((tmp_path / "server.log").read_bytes())
+
+
+def test_a_fault_of_the_scan_in_the_pumps_thread_is_raised_where_the_verdict_is_made(tmp_path):
+    """The scan runs in the pump's thread: its exception must not vanish with that thread (a harness error,
+    not a server that looks silent), and the pump still drains the server into its bounded log."""
+    readiness = Readiness(path="/health", interval_s=0.2, timeout_s=120)
+    server = _server(tmp_path, "--flood", str(FLOOD), "--then", "hang", readiness=readiness, port=free_port())
+
+    def broken(line: str, *, truncated: bool = False) -> None:
+        raise RuntimeError("a bug in the scan")
+
+    server._scanner.feed = broken  # type: ignore[method-assign]
+    with server:
+        try:
+            server.wait_ready()
+        except RuntimeError as exc:
+            raised = str(exc)
+        else:
+            raised = ""
+        deadline = time.monotonic() + 60
+        while not MARKER.search((tmp_path / "server.log").read_bytes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert raised == "a bug in the scan"
+    _bounded(tmp_path / "server.log")
