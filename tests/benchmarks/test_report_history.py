@@ -64,10 +64,7 @@ def _full_history(site: Path) -> None:
     rows = store_rows(site.parent / "results.sqlite")
     found = None
     for night in range(record.MAX_ENTRIES):
-        nightly = [
-            type(r)(values={**r.values, "run_id": f"h{night:03d}", "verdict": "pass" if night % 2 else "unresolvable"})
-            for r in rows
-        ]
+        nightly = [r.replace(run_id=f"h{night:03d}", verdict="pass" if night % 2 else "unresolvable") for r in rows]
         found = record.advance(found.history if found else None, nightly, date=f"n{night}", root=site.parent)
     record.write_history(found.history, site / record.HISTORY)
 
@@ -107,7 +104,8 @@ def test_publish_of_a_200k_row_store_with_a_full_history(tmp_path: Path, monkeyp
         assert f"history: {CELLS} " in err
         rows = store_rows(store)
         started = time.perf_counter()
-        advanced = history.advance(json.loads(before), rows, date="again", root=tmp_path)
+        (tmp_path / "before.json").write_text(before)
+        advanced = history.advance(history.load_history(tmp_path / "before.json"), rows, date="again", root=tmp_path)
         history.dumps(advanced.history)
         history_s = time.perf_counter() - started
         sizes += f", history.json {feed.stat().st_size:,} bytes"

@@ -30,7 +30,7 @@ class Row:
     mode: str = ""
     matrix: str = ""
     axes: Mapping[str, str] = field(default_factory=dict, metadata=_JSON)
-    inputs_hash: str = ""  # cell id + workload + model: unchanged inputs are not run again
+    inputs_hash: str | None = None  # cell id + workload + model: unchanged inputs are not run again
     status: str = ""  # running | finished
     verdict: str | None = None
     excerpt: str | None = None

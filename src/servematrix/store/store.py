@@ -228,7 +228,7 @@ class Store:
             ):
                 if other.harness_pid != row.harness_pid and harness_alive(other, hostname):
                     return Claim(claimed=False, owner_pid=other.harness_pid)
-            done = self._newest_finished(db, row.cell_id, row.inputs_hash)
+            done = self._newest_finished(db, row.cell_id, str(row.inputs_hash))
             done_by_another = done is not None and since is not None and done.run_id != row.run_id
             if done is not None and counts is not None and not counts(done):
                 done = None

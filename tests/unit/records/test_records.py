@@ -113,3 +113,41 @@ def test_the_published_record_and_its_schema_come_from_the_model():
     assert schema["properties"]["schema"]["const"] == 1
     with pytest.raises(ValueError, match="schema"):
         PublishedRecord.model_validate({**published, "schema": 2})
+
+
+def test_the_published_history_reads_and_writes_back_byte_for_byte():
+    from servematrix.report.history import record
+
+    path = REPO / "docs" / "results" / "history.json"
+    loaded = record.load_history(path)
+    assert loaded is not None and loaded.cells
+    assert record.dumps(loaded) == path.read_text(encoding="utf-8")
+
+
+def test_a_history_entry_keeps_a_field_it_does_not_know_and_writes_unknowns_as_null_only_where_always_shown():
+    from servematrix.records.history import HistoryEntry
+
+    written = {"date": "d", "run_id": "r", "inputs": None, "verdict": "pass", "on": None, "newer_field": [1]}
+    entry = HistoryEntry.from_json(written)
+    assert entry.verdict == "pass" and entry.lock is None and entry.repeated == 1
+    assert entry.to_json() == written  # `lock`, `why`, ... absent stay absent; the unknown key is kept
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"verdict": 5}, "cell 'a': entry 0: verdict is 5, not text"),
+        ({"repeats": -1}, "cell 'a': entry 0: repeats is -1, not a whole number"),
+        ({"figures": {"tok_s@1": [1, 2]}}, r"cell 'a': entry 0: figure tok_s@1 is \[1, 2\], not three finite"),
+        ({"named_again": "yes"}, "cell 'a': entry 0: named_again is not a table"),
+    ],
+)
+def test_a_malformed_history_entry_is_refused_naming_its_cell_entry_and_field(
+    tmp_path: Path, entry: dict, message: str
+):
+    from servematrix.report.history import record
+
+    path = tmp_path / "history.json"
+    path.write_text(json.dumps({"schema": 1, "cells": {"a": {"entries": [{"date": "d", **entry}]}}}))
+    with pytest.raises(ValueError, match=message):
+        record.load_history(path)

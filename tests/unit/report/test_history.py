@@ -5,16 +5,17 @@ product matrix, old records without history, and the pre-flight's track record f
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from servematrix.cli import main
+from servematrix.records.history import HistoryCell, HistoryEntry
 from servematrix.report.history import record as history
 from servematrix.report.history import track
 from servematrix.report.regressions import load_export, published_rows
@@ -126,16 +127,16 @@ def test_a_sequence_of_publishes_is_sorted_and_the_page_shows_the_timeline(
 
 
 def test_flaky_figures_and_identical_runs_are_compressed():
-    base = {"inputs": "i", "lock": "l", "verdict": "pass", "on": "NVIDIA H200", "figures": {"tok_s@1": [9, 10, 11]}}
-    moved = {**base, "figures": {"tok_s@1": [5, 6, 7]}}
+    base = HistoryEntry(inputs="i", lock="l", verdict="pass", on="NVIDIA H200", figures={"tok_s@1": [9, 10, 11]})
+    moved = replace(base, figures={"tok_s@1": [5, 6, 7]})
     assert history.categorize(base, moved)[0] == "flaky"
-    assert history.categorize(base, {**moved, "lock": "m"})[0] == "regressed"  # lower, with a new lock
-    assert history.categorize(base, {**base, "figures": {"tok_s@1": [12, 13, 14]}, "lock": "m"})[0] == "changed-inputs"
-    assert history.categorize(base, {**base, "figures": {"tok_s@1": [10.5, 11, 12]}})[0] == "unchanged"
-    slower = {**base, "figures": {"ttft_ms@1": [10, 11, 12]}}
-    assert history.categorize(slower, {**slower, "figures": {"ttft_ms@1": [20, 21, 22]}})[0] == "flaky"
+    assert history.categorize(base, replace(moved, lock="m"))[0] == "regressed"  # lower, with a new lock
+    assert history.categorize(base, replace(base, figures={"tok_s@1": [12, 13, 14]}, lock="m"))[0] == "changed-inputs"
+    assert history.categorize(base, replace(base, figures={"tok_s@1": [10.5, 11, 12]}))[0] == "unchanged"
+    slower = replace(base, figures={"ttft_ms@1": [10, 11, 12]})
+    assert history.categorize(slower, replace(slower, figures={"ttft_ms@1": [20, 21, 22]}))[0] == "flaky"
     # A CPU prediction then a GPU run of the same stack: where it was decided changed, not the stack.
-    cpu = {"inputs": "i", "verdict": "skipped:no-gpu", "on": "cpu"}
+    cpu = HistoryEntry(inputs="i", verdict="skipped:no-gpu", on="cpu")
     assert history.categorize(cpu, base) == (
         "changed-inputs",
         "verdict skipped:no-gpu → pass; decided on NVIDIA H200, before on cpu",
@@ -148,7 +149,8 @@ def test_a_cells_timeline_names_the_release_a_stored_bisection_named():
 
     note = "sglang 0.5.13 is the first release that fails (0.5.12 passes)"
     shown = timeline(
-        {"entries": [{"verdict": "fail:x", "date": "d", "category": "new"}]}, Row.of({"evidence": [NOTE_PREFIX + note]})
+        HistoryCell(entries=(HistoryEntry(verdict="fail:x", date="d", category="new"),)),
+        Row.of({"evidence": [NOTE_PREFIX + note]}),
     )
     assert shown is not None and shown["bisected"] == [note] and shown["entries"][0]["verdict"] == "fail:x"
 
@@ -168,22 +170,22 @@ def test_identical_runs_count_on_one_entry_and_the_bound_keeps_since(tmp_path: P
     for day in range(1, 31):
         found = history.advance(found.history if found else None, [row("a", f"r{day}", day, "unresolvable")],
                                 date=f"d{day}", root=tmp_path)  # fmt: skip
-    entries = found.history["cells"]["a"]["entries"]
-    assert len(entries) == 1 and entries[0]["repeats"] == 30 and entries[0]["last_run_id"] == "r30"
+    entries = found.history.cells["a"].entries
+    assert len(entries) == 1 and entries[0].repeats == 30 and entries[0].last_run_id == "r30"
     # rendered again without a new run: the last publish called the cell unchanged, not what its entry first was
     again = history.advance(found.history, [row("a", "r30", 30, "unresolvable")], date="later", root=tmp_path)
-    assert entries[0]["category"] == "new" and again.again == "d30"
+    assert entries[0].category == "new" and again.again == "d30"
     assert again.categories == {"a": ("unchanged", "")} and "rendered again): 1 unchanged" in again.summary()
     for day in range(1, history.MAX_ENTRIES + 11):  # a distinct figure every night: the bound cuts
         m = metrics((day, day + 0.5, day + 1.0))
         found = history.advance(found.history, [row("a", f"s{day}", day % 28 + 1, "pass", metrics=m)],
                                 date=f"e{day}", root=tmp_path)  # fmt: skip
-    cell = found.history["cells"]["a"]
-    assert len(cell["entries"]) == history.MAX_ENTRIES and cell["dropped"] == 11
-    assert cell["first"] == "2026-01-01T00:00:00+00:00" and cell["since"] == "2026-01-02T00:00:00+00:00"
+    cell = found.history.cells["a"]
+    assert len(cell.entries) == history.MAX_ENTRIES and cell.dropped == 11
+    assert cell.first == "2026-01-01T00:00:00+00:00" and cell.since == "2026-01-02T00:00:00+00:00"
     # A cell no longer published (pruned) leaves the history; its lock's versions with it.
     found = history.advance(found.history, [row("b", "t1", 1, "pass")], date="f", root=tmp_path)
-    assert set(found.history["cells"]) == {"b"} and found.categories == {"b": ("new", "first run in the history")}
+    assert set(found.history.cells) == {"b"} and found.categories == {"b": ("new", "first run in the history")}
 
 
 def test_a_stopped_run_is_undecided_and_the_next_decided_run_is_compared_past_it(tmp_path: Path):
@@ -194,7 +196,7 @@ def test_a_stopped_run_is_undecided_and_the_next_decided_run_is_compared_past_it
     assert found.categories["a"][0] == "undecided" and "decided nothing about the stack" in found.categories["a"][1]
     found = history.advance(found.history, [row("a", "r2", 2, "pass", metrics=m)], date="d2", root=tmp_path)
     assert found.categories == {"a": ("new", "first decided run in the history")}
-    assert found.history["cells"]["a"]["since"] == "2026-01-02T00:00:00+00:00"
+    assert found.history.cells["a"].since == "2026-01-02T00:00:00+00:00"
     # Stopped again, then passing within the same noise: unchanged against the pass, and `since` kept.
     found = history.advance(found.history, [row("a", "r3", 3, "error:gpu-lost")], date="d3", root=tmp_path)
     assert found.categories["a"][0] == "undecided" and found.lines() == [
@@ -202,13 +204,13 @@ def test_a_stopped_run_is_undecided_and_the_next_decided_run_is_compared_past_it
     ]
     found = history.advance(found.history, [row("a", "r4", 4, "pass", metrics=m)], date="d4", root=tmp_path)
     assert found.categories == {"a": ("unchanged", "")}
-    assert found.history["cells"]["a"]["since"] == "2026-01-02T00:00:00+00:00"
+    assert found.history.cells["a"].since == "2026-01-02T00:00:00+00:00"
     # ... and a failure after a stop is still told against the pass before the stop.
     found = history.advance(found.history, [row("a", "r5", 5, "interrupted")], date="d5", root=tmp_path)
     found = history.advance(found.history, [row("a", "r6", 6, "fail:scheduler-died")], date="d6", root=tmp_path)
     assert found.categories["a"] == ("flaky", "verdict pass → fail:scheduler-died with identical inputs")
-    assert found.history["cells"]["a"]["since"] == "2026-01-06T00:00:00+00:00"
-    assert [e["category"] for e in found.history["cells"]["a"]["entries"]] == [
+    assert found.history.cells["a"].since == "2026-01-06T00:00:00+00:00"
+    assert [e.category for e in found.history.cells["a"].entries] == [
         "undecided", "new", "undecided", "unchanged", "undecided", "flaky"
     ]  # fmt: skip
 
@@ -219,13 +221,13 @@ def test_a_class_named_again_from_the_log_changes_its_runs_entry_in_place(tmp_pa
     first = history.advance(None, [row("a", "r1", 1, "fail:scheduler-died")], date="d1", root=tmp_path)
     again = history.advance(first.history, [row("a", "r1", 1, "fail:graph-capture-failed")], date="d2",
                             root=tmp_path)  # fmt: skip
-    (entry,) = again.history["cells"]["a"]["entries"]
-    assert entry["verdict"] == "fail:graph-capture-failed" and entry["run_id"] == "r1"
-    assert entry["named_again"] == {"was": "fail:scheduler-died", "on": "d2"}
+    (entry,) = again.history.cells["a"].entries
+    assert entry.verdict == "fail:graph-capture-failed" and entry.run_id == "r1"
+    assert entry.named_again == {"was": "fail:scheduler-died", "on": "d2"}
     assert again.no_new_run == 1 and again.again == "d1"
     # A run's verdict that moved otherwise (a pass now a failure) is no renaming: the entry stays as it was.
     moved = history.advance(again.history, [row("a", "r1", 1, "pass")], date="d3", root=tmp_path)
-    assert moved.history["cells"]["a"]["entries"][0]["verdict"] == "fail:graph-capture-failed"
+    assert moved.history.cells["a"].entries[0].verdict == "fail:graph-capture-failed"
 
 
 def _product_rows() -> list[dict[str, Any]]:
@@ -272,10 +274,10 @@ def test_a_year_of_nightly_publishes_of_the_product_matrix_stays_small(tmp_path:
         found = history.advance(found.history if found else None, rows, date=f"night {night}", root=tmp_path)
     nightly = len(history.dumps(found.history).encode())
     counts = {}
-    for entry in (e for c in found.history["cells"].values() for e in c["entries"]):
-        counts[entry["category"]] = counts.get(entry["category"], 0) + 1
+    for entry in (e for c in found.history.cells.values() for e in c.entries):
+        counts[entry.category] = counts.get(entry.category, 0) + 1
 
-    worst = copy.deepcopy(found.history)
+    worst = found.history  # frozen: advancing it leaves it as it was
     for night in range(history.MAX_ENTRIES + 5):
         rows = [
             Row.of({**r, "run_id": f"g{night:03d}", "verdict": "pass", "stages": {"serve": 1.0},
@@ -289,16 +291,14 @@ def test_a_year_of_nightly_publishes_of_the_product_matrix_stays_small(tmp_path:
     print(
         f"\nlatest.json (the published record, unchanged by the history): {record_bytes:,} bytes\n"
         f"history.json after 365 nightly publishes of {len(template)} cells: {nightly:,} bytes "
-        f"(entries by category: {counts}; {len(found.history['locks'])} lock(s) kept)\n"
+        f"(entries by category: {counts}; {len(found.history.locks)} lock(s) kept)\n"
         f"worst case (every cell a distinct GPU run with figures every night, {history.MAX_ENTRIES} entries each): "
         f"{full:,} bytes"
     )
     # The bound per cell, so that it holds as the product matrix grows (104 cells, then 180): measured 2.5 kB and
     # 2.2 kB a cell for a year of nightly runs, 18 kB for the worst case.
     assert nightly < 3_000 * len(template)
-    assert full < 33_000 * len(template) and all(
-        len(c["entries"]) <= history.MAX_ENTRIES for c in worst["cells"].values()
-    )
+    assert full < 33_000 * len(template) and all(len(c.entries) <= history.MAX_ENTRIES for c in worst.cells.values())
 
 
 def test_an_old_record_without_history_loads_and_starts_from_previous(project: Path):
@@ -354,8 +354,8 @@ def test_the_track_record_from_the_published_h200_rows():
     assert record.by_class["passed the pre-flights"] == (passes - 1, passes - 1)
     assert record.by_class["dynamo-untraceable"] == (0, 1)
     (contradicted,) = record.contradicted
-    assert contradicted.cell_id == wrong["cell_id"] and contradicted.observed["on"] == "NVIDIA H200"
-    assert contradicted.predicted["verdict"] == "predicted-fail:dynamo-untraceable"
+    assert contradicted.cell_id == wrong["cell_id"] and contradicted.observed.on == "NVIDIA H200"
+    assert contradicted.predicted.verdict == "predicted-fail:dynamo-untraceable"
     text = track.track_record_markdown(found.history, observed)
     assert f"`{wrong['cell_id']}`: predicted `predicted-fail:dynamo-untraceable` on a CPU" in text
 
@@ -476,6 +476,6 @@ def test_the_bound_applies_to_a_history_as_it_is_read(tmp_path: Path):
     path.write_text(json.dumps({"schema": history.SCHEMA, "cells": {"a": {"entries": entries, "dropped": 3}}}))
     loaded = history.load_history(path)
     assert loaded is not None
-    cell = loaded["cells"]["a"]
-    assert len(cell["entries"]) == history.MAX_ENTRIES and cell["dropped"] == 3 + 5000 - history.MAX_ENTRIES
-    assert cell["entries"][-1]["run_id"] == "r4999"
+    cell = loaded.cells["a"]
+    assert len(cell.entries) == history.MAX_ENTRIES and cell.dropped == 3 + 5000 - history.MAX_ENTRIES
+    assert cell.entries[-1].run_id == "r4999"

@@ -3,10 +3,11 @@ publish's categories at the head of the page and of the Markdown table, with the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from servematrix.records.history import HistoryCell
 from servematrix.report.bisectnote import notes
 from servematrix.report.escape import code, text
 from servematrix.report.history.record import Advance, verdict_kind
@@ -17,11 +18,11 @@ SHOWN = 8  # a cell's newest entries listed on the page; the feed has all of the
 PLOTTED = 30  # a cell's newest entries with figures in its plot
 
 
-def timeline(cell: Mapping[str, Any] | None, row: Row) -> dict[str, Any] | None:
+def timeline(cell: HistoryCell | None, row: Row) -> dict[str, Any] | None:
     """What a cell's detail shows of its history: its runs newest first, since when its verdict holds, the
     category of its last run and the bisection notes its row carries."""
     bisected = notes([row])
-    if not cell or not cell.get("entries"):
+    if cell is None or not cell.entries:
         if not bisected:
             return None
         # A cell with no history yet but a stored bisection: the same keys, so the page shows the note alone.
@@ -35,42 +36,40 @@ def timeline(cell: Mapping[str, Any] | None, row: Row) -> dict[str, Any] | None:
             "why": "",
             "bisected": bisected,
         }
-    entries = cell["entries"]
+    entries = cell.entries
     last = entries[-1]
     shown = []
     for entry in reversed(entries[-SHOWN:]):
         shown.append(
             {
-                "date": entry.get("date") or "",
-                "last_date": entry.get("last_date") or "",
-                "repeats": int(entry.get("repeats", 1)),
-                "run_id": entry.get("run_id") or "",
-                "verdict": entry.get("verdict") or "",
-                "kind": verdict_kind(str(entry.get("verdict") or "")),
-                "on": entry.get("on") or "unknown",
-                "inputs": entry.get("inputs") or "not recorded",
-                "lock": entry.get("lock") or "",
-                "category": entry.get("category") or "",
-                "why": entry.get("why") or "",
-                "figures": {
-                    k: f"{v[1]:,.4g} ({v[0]:,.4g}–{v[2]:,.4g})" for k, v in (entry.get("figures") or {}).items()
-                },
+                "date": entry.date or "",
+                "last_date": entry.last_date or "",
+                "repeats": entry.repeated,
+                "run_id": entry.run_id or "",
+                "verdict": entry.verdict or "",
+                "kind": verdict_kind(str(entry.verdict or "")),
+                "on": entry.on or "unknown",
+                "inputs": entry.inputs or "not recorded",
+                "lock": entry.lock or "",
+                "category": entry.category or "",
+                "why": entry.why or "",
+                "figures": {k: f"{v[1]:,.4g} ({v[0]:,.4g}–{v[2]:,.4g})" for k, v in (entry.figures or {}).items()},
                 "lock_changes": [
                     f"{name} {value[0] or '(none)'} → {value[1] or '(none)'}"
                     if isinstance(value, list) and len(value) == 2
                     else f"{value}"
-                    for name, value in (entry.get("lock_changes") or {}).items()
+                    for name, value in (entry.lock_changes or {}).items()
                 ],
             }
         )
     return {
         "entries": shown,
-        "since": cell.get("since") or "",
-        "first": cell.get("first") or "",
-        "dropped": int(cell.get("dropped", 0)),
+        "since": cell.since or "",
+        "first": cell.first or "",
+        "dropped": cell.dropped,
         "older": max(0, len(entries) - SHOWN),  # in the feed, not on the page
-        "category": "unchanged" if int(last.get("repeats", 1)) > 1 else last.get("category") or "",
-        "why": last.get("why") or "",
+        "category": "unchanged" if last.repeated > 1 else last.category or "",
+        "why": last.why or "",
         "bisected": bisected,
     }
 
@@ -79,15 +78,16 @@ _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 _LABELS = {"tok_s": "output tok/s", "ttft_ms": "TTFT ms"}
 
 
-def figures_plot(cell: Mapping[str, Any] | None, title: str) -> bytes | None:
+def figures_plot(cell: HistoryCell | None, title: str) -> bytes | None:
     """The figures of a cell over its runs as a small SVG: a panel per kind of figure (output tok/s, TTFT), a
     line per concurrency through the medians, a bar from min to max at each run. None with fewer than two runs
     that measured a figure. Written by hand, not with matplotlib (`plots.py`): a cell's plot is a few kB and
     about a millisecond, where matplotlib's is ~100 kB and ~0.6 s, and a publish draws one per measured cell."""
-    entries = [e for e in (cell or {}).get("entries", []) if e.get("figures")][-PLOTTED:]
-    if len(entries) < 2:
+    measured = [(e, e.figures) for e in (cell.entries if cell is not None else ()) if e.figures][-PLOTTED:]
+    if len(measured) < 2:
         return None
-    kinds = [k for k in _LABELS if any(key.startswith(k + "@") for e in entries for key in e["figures"])]
+    entries = [e for e, _ in measured]
+    kinds = [k for k in _LABELS if any(key.startswith(k + "@") for _, found in measured for key in found)]
     width, height, left, top, bottom = 520, 150, 64, 24, 30
     inner_w, inner_h = width - left - 16, height - top - bottom
     parts = [
@@ -99,10 +99,10 @@ def figures_plot(cell: Mapping[str, Any] | None, title: str) -> bytes | None:
     for panel, kind in enumerate(kinds):
         y0 = 20 + panel * height
         keys = sorted(
-            {k for e in entries for k in e["figures"] if k.startswith(kind + "@")},
+            {k for _, found in measured for k in found if k.startswith(kind + "@")},
             key=lambda k: int(k.partition("@")[2]),
         )
-        values = [v for e in entries for k in keys if k in e["figures"] for v in e["figures"][k]]
+        values = [v for _, found in measured for k in keys if k in found for v in found[k]]
         high = max(values) * 1.05 or 1.0
 
         def y(value: float, y0: int = y0, high: float = high) -> float:
@@ -114,13 +114,13 @@ def figures_plot(cell: Mapping[str, Any] | None, title: str) -> bytes | None:
             f'<text x="{left - 4}" y="{y0 + top + 4}" text-anchor="end">{high:,.4g}</text>'
             f'<text x="{left - 4}" y="{y0 + top + inner_h}" text-anchor="end">0</text>'
             f'<text x="4" y="{y0 + top + inner_h / 2}">{_LABELS[kind]}</text>'
-            f'<text x="{left}" y="{y0 + height - 8}">{escape(str(entries[0].get("date") or "")[:10])}</text>'
+            f'<text x="{left}" y="{y0 + height - 8}">{escape(str(entries[0].date or "")[:10])}</text>'
             f'<text x="{left + inner_w}" y="{y0 + height - 8}" text-anchor="end">'
-            f"{escape(str(entries[-1].get('date') or '')[:10])}</text></g>"
+            f"{escape(str(entries[-1].date or '')[:10])}</text></g>"
         )
         for index, key in enumerate(keys):
             color = _COLORS[index % len(_COLORS)]
-            points = [(left + i * step, e["figures"][key]) for i, e in enumerate(entries) if key in e["figures"]]
+            points = [(left + i * step, found[key]) for i, (_, found) in enumerate(measured) if key in found]
             line = " ".join(f"{x:.1f},{y(v[1]):.1f}" for x, v in points)
             parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.2"/>')
             for x, (low, median, top_) in points:
@@ -142,7 +142,7 @@ def history_view(advance: Advance | None, sections: Sequence[dict[str, Any]], ro
     (its categories, the cells in the news, the pre-flight's track record)."""
     import base64
 
-    cells = (advance.history.get("cells") or {}) if advance is not None else {}
+    cells = advance.history.cells if advance is not None else {}
     for section in sections:
         for view in section.get("cells", []):
             cell = cells.get(view["id"])
@@ -158,10 +158,10 @@ def history_view(advance: Advance | None, sections: Sequence[dict[str, Any]], ro
         "lines": advance.lines(),
         "track": found.line(),
         "contradicted": [
-            f"{c.cell_id}: predicted {c.predicted.get('verdict')} on {predicted_on(c.predicted)} "
-            f"({str(c.predicted.get('date') or '')[:10]}, "
-            f"run {c.predicted.get('run_id')}); observed {c.observed.get('verdict')} on {c.observed.get('on')} "
-            f"({str(c.observed.get('date') or '')[:10]}, run {c.observed.get('run_id')})"
+            f"{c.cell_id}: predicted {c.predicted.verdict} on {predicted_on(c.predicted)} "
+            f"({str(c.predicted.date or '')[:10]}, "
+            f"run {c.predicted.run_id}); observed {c.observed.verdict} on {c.observed.on} "
+            f"({str(c.observed.date or '')[:10]}, run {c.observed.run_id})"
             for c in found.contradicted
         ],
     }

@@ -39,19 +39,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from servematrix.formats.lockfile import parse_header, parse_pins
 from servematrix.formats.verdict import Verdict
+from servematrix.records.history import SCHEMA, History, HistoryCell, HistoryEntry
 from servematrix.report.regressions import spreads, ttft_spreads
 from servematrix.store.rowschema import Row
 from servematrix.util import atomic_write
 
-SCHEMA = 1
 HISTORY = Path("results") / "history.json"  # the feed, inside the site, beside results/latest.json
 MAX_ENTRIES = 60  # per cell, after run-length compression
 MAX_PUBLISHES = 60
@@ -132,27 +131,22 @@ def pins_digest(pins: Mapping[str, str]) -> str:
 _DIGESTS: dict[int, tuple[Mapping[str, str], str]] = {}  # the lock files' pins above, digested once
 
 
-def entry_of(row: Row, pins: Mapping[str, str] | None = None) -> dict[str, Any]:
+def entry_of(row: Row, pins: Mapping[str, str] | None = None) -> HistoryEntry:
     """A row's history entry (without its category)."""
-    entry: dict[str, Any] = {
-        "date": row.finished_at,
-        "run_id": row.run_id,
-        "inputs": _digest([row.inputs_hash, row.lock_hash, row.image_digest]),
-        "verdict": str(row.verdict or ""),
-        "on": decided_on(row),
-    }
-    if pins is not None:
-        entry["lock"] = pins_digest(pins)
-    if row.preflight_hash:
-        entry["checks"] = str(row.preflight_hash)[:12]
-    found = figures(row)
-    if found:
-        entry["figures"] = found
     metrics = row.metrics
-    if isinstance(metrics, Mapping) and metrics.get("workload") is not None:
-        # Two matrices differing only in their workload share cell ids: their figures are never compared.
-        entry["workload"] = _digest(metrics["workload"])[:12]
-    return entry
+    # Two matrices differing only in their workload share cell ids: their figures are never compared.
+    workload = metrics.get("workload") if isinstance(metrics, Mapping) else None
+    return HistoryEntry(
+        date=row.finished_at,
+        run_id=row.run_id,
+        inputs=_digest([row.inputs_hash, row.lock_hash, row.image_digest]),
+        verdict=str(row.verdict or ""),
+        on=decided_on(row),
+        lock=pins_digest(pins) if pins is not None else None,
+        checks=str(row.preflight_hash)[:12] if row.preflight_hash else None,
+        figures=figures(row) or None,
+        workload=_digest(workload)[:12] if workload is not None else None,
+    )
 
 
 # --------------------------------------------------------------------------------------- categories
@@ -162,26 +156,27 @@ def verdict_kind(verdict: str) -> str:
     return verdict.partition(":")[0]
 
 
-def known_same(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> bool:
+def known_same(a: HistoryEntry, b: HistoryEntry, key: str) -> bool:
     """Equal, or unknown on either side (a lock file another host had, a row without pre-flight hash)."""
-    return a.get(key) is None or b.get(key) is None or a[key] == b[key]
+    first, second = getattr(a, key), getattr(b, key)
+    return first is None or second is None or first == second
 
 
-def same_inputs(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+def same_inputs(before: HistoryEntry, after: HistoryEntry) -> bool:
     """Whether two entries ran the same stack on the same kind of place (inputs unknown are not the same)."""
     return (
-        before.get("inputs") is not None
-        and before.get("inputs") == after.get("inputs")
+        before.inputs is not None
+        and before.inputs == after.inputs
         and known_same(before, after, "lock")
         and known_same(before, after, "checks")
-        and before.get("on") == after.get("on")
+        and before.on == after.on
     )
 
 
-def moved_figures(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, str]]:
+def moved_figures(before: HistoryEntry, after: HistoryEntry) -> list[tuple[str, str]]:
     """(figure, "down" | "up") for each figure both measured whose intervals no longer overlap; down is worse
     (fewer tok/s, a longer TTFT)."""
-    old, new = before.get("figures") or {}, after.get("figures") or {}
+    old, new = before.figures or {}, after.figures or {}
     moved = []
     for key in sorted(set(old) & set(new)):
         (a_min, _, a_max), (b_min, _, b_max) = old[key], new[key]
@@ -192,8 +187,8 @@ def moved_figures(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[t
     return moved
 
 
-def _interval(entry: Mapping[str, Any], key: str) -> str:
-    low, median, high = entry["figures"][key]
+def _interval(entry: HistoryEntry, key: str) -> str:
+    low, median, high = (entry.figures or {})[key]
     return f"{median:,.4g} ({low:,.4g}–{high:,.4g})"
 
 
@@ -202,18 +197,18 @@ def decided(verdict: object) -> bool:
     return Verdict.parse(str(verdict)).final
 
 
-def categorize(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> tuple[str, str]:
+def categorize(before: HistoryEntry | None, after: HistoryEntry) -> tuple[str, str]:
     """(category, why) of a new entry against the cell's previous decided one (`previous_decided`)."""
-    if not decided(after.get("verdict")):
-        return "undecided", f"{after.get('verdict')}: decided nothing about the stack; the cell runs again"
+    if not decided(after.verdict):
+        return "undecided", f"{after.verdict}: decided nothing about the stack; the cell runs again"
     if before is None:
         return "new", "first run in the history"
-    verdict_moved = before.get("verdict") != after.get("verdict")
+    verdict_moved = before.verdict != after.verdict
     figs = moved_figures(before, after) if not verdict_moved else []
     if not verdict_moved and not figs:
         return "unchanged", ""
     if verdict_moved:
-        what = f"verdict {before.get('verdict')} → {after.get('verdict')}"
+        what = f"verdict {before.verdict} → {after.verdict}"
     else:
         what = "; ".join(f"{k} {_interval(before, k)} → {_interval(after, k)}" for k, _ in figs)
     if same_inputs(before, after):
@@ -221,8 +216,8 @@ def categorize(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> tu
     if not known_same(before, after, "workload"):
         return "changed-inputs", f"{what}; the benchmark workload changed (another matrix's cell of this id?)"
     changed = _what_changed(before, after)
-    a, b = verdict_kind(str(before.get("verdict"))), verdict_kind(str(after.get("verdict")))
-    stack_changed = before.get("on") in (None, after.get("on"))  # else only where it was decided changed
+    a, b = verdict_kind(str(before.verdict)), verdict_kind(str(after.verdict))
+    stack_changed = before.on in (None, after.on)  # else only where it was decided changed
     if stack_changed and verdict_moved and a == "pass" and b in FAILED_KINDS:
         return "regressed", f"{what}; {changed}"
     if stack_changed and verdict_moved and a in FAILED_KINDS and b == "pass":
@@ -232,29 +227,35 @@ def categorize(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> tu
     return "changed-inputs", f"{what}; {changed}"
 
 
-def previous_decided(entries: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def previous_decided(entries: Sequence[HistoryEntry]) -> HistoryEntry | None:
     """The newest entry whose run decided the cell: a new run is compared with it, past stopped runs."""
-    return next((e for e in reversed(entries) if decided(e.get("verdict"))), None)
+    return next((e for e in reversed(entries) if decided(e.verdict)), None)
 
 
-def _what_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
-    if before.get("inputs") is None:
+def _what_changed(before: HistoryEntry, after: HistoryEntry) -> str:
+    if before.inputs is None:
         return "the earlier run's inputs were not recorded"
     parts = []
-    if before.get("on") != after.get("on"):
-        parts.append(f"decided on {after.get('on')}, before on {before.get('on')}")
-    if before.get("lock") and after.get("lock") and before["lock"] != after["lock"]:
+    if before.on != after.on:
+        parts.append(f"decided on {after.on}, before on {before.on}")
+    if before.lock and after.lock and before.lock != after.lock:
         parts.append("the lock changed")
-    if before.get("inputs") != after.get("inputs") and not parts:
+    if before.inputs != after.inputs and not parts:
         parts.append("the cell's inputs changed (lock request, workload, model or image)")
     if not known_same(before, after, "checks"):
         parts.append("the pre-flight's inputs changed (engine data, signatures or checks)")
     return ", ".join(parts) or "the inputs changed"
 
 
-def _identical(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    keys = ("inputs", "lock", "checks", "verdict", "on", "figures")
-    return all(a.get(k) == b.get(k) for k in keys)
+def _identical(a: HistoryEntry, b: HistoryEntry) -> bool:
+    return (a.inputs, a.lock, a.checks, a.verdict, a.on, a.figures) == (
+        b.inputs,
+        b.lock,
+        b.checks,
+        b.verdict,
+        b.on,
+        b.figures,
+    )
 
 
 def lock_changes(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, Any]:
@@ -268,22 +269,18 @@ def lock_changes(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, An
 
 # ------------------------------------------------------------------------------------------ a publish
 
+BOUND = {"entries_per_cell": MAX_ENTRIES, "publishes": MAX_PUBLISHES}
 
-def empty() -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "bound": {"entries_per_cell": MAX_ENTRIES, "publishes": MAX_PUBLISHES},
-        "publishes": [],
-        "locks": {},
-        "cells": {},
-    }
+
+def empty() -> History:
+    return History(bound=BOUND)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Advance:
     """A publish's history, and the category of every cell that had a new run."""
 
-    history: dict[str, Any]
+    history: History
     categories: Mapping[str, tuple[str, str]]  # cell id -> (category, why), cells with a new run only
     no_new_run: int  # cells published again without a new run
     # A render with no new run (the docs build) shows the last publish's news again: its date, else None.
@@ -314,43 +311,40 @@ class Advance:
         ]
 
 
-def _seed(cell: dict[str, Any], previous: Mapping[str, Any] | None) -> None:
+def _seed(cell: HistoryCell, previous: object) -> HistoryCell:
     """A cell new to the history starts from what an older record kept: its row (an entry without the lock's
     versions, which are gone) and that row's one-step summary (`previous`: run, verdict, intervals; inputs not
     recorded)."""
     if not isinstance(previous, Mapping) or not previous.get("run_id"):
-        return
-    entries = cell["entries"]
-    if entries and entries[-1].get("run_id") == previous.get("run_id"):
-        return
+        return cell
+    if cell.entries and cell.entries[-1].run_id == previous.get("run_id"):
+        return cell
     if "cell_id" in previous:  # a published row
         published = Row.of({k: v for k, v in previous.items() if k != "previous"})
-        entry = {**entry_of(published), "category": "new", "why": "from the record published before the history"}
+        entry = replace(entry_of(published), category="new", why="from the record published before the history")
     else:
-        entry = {
-            "date": previous.get("finished_at"),
-            "run_id": previous.get("run_id"),
-            "inputs": None,
-            "verdict": str(previous.get("verdict") or ""),
-            "on": None,
-            "category": "new",
-            "why": "from the record's one-step summary (inputs not recorded)",
-        }
         found = {}
         for key, prefix, scale in (("tok_s", "tok_s", 1.0), ("ttft_s", "ttft_ms", 1000.0)):
             for c, s in sorted((previous.get(key) or {}).items(), key=lambda kv: int(kv[0])):
                 if isinstance(s, Mapping) and all(isinstance(s.get(k), int | float) for k in ("min", "median", "max")):
                     found[f"{prefix}@{c}"] = [_round(s[k] * scale) for k in ("min", "median", "max")]
-        if found:
-            entry["figures"] = found
-    if not entries or verdict_kind(str(entries[-1].get("verdict"))) != verdict_kind(entry["verdict"]):
-        cell["since"] = entry["date"]
-    cell.setdefault("first", entry["date"])
-    entries.append(entry)
+        entry = HistoryEntry(
+            date=previous.get("finished_at"),
+            run_id=previous.get("run_id"),
+            verdict=str(previous.get("verdict") or ""),
+            category="new",
+            why="from the record's one-step summary (inputs not recorded)",
+            figures=found or None,
+        )
+    since = cell.since
+    if not cell.entries or verdict_kind(str(cell.entries[-1].verdict)) != verdict_kind(str(entry.verdict)):
+        since = entry.date
+    first = entry.date if cell.first is None else cell.first
+    return replace(cell, entries=(*cell.entries, entry), since=since, first=first)
 
 
 def advance(
-    history: Mapping[str, Any] | None,
+    history: History | None,
     rows: Sequence[Row],
     *,
     date: str,
@@ -361,10 +355,9 @@ def advance(
     last entry already holds (a cell kept, a re-render) adds nothing. `record` is the published record
     before this publish: a cell new to the history starts from its one-step `previous` summary. Lock files
     are read under `root` (the project)."""
-    out = _copy(history) if history else empty()
-    out["bound"] = {"entries_per_cell": MAX_ENTRIES, "publishes": MAX_PUBLISHES}
-    locks: dict[str, dict[str, str]] = out.setdefault("locks", {})
-    cells: dict[str, Any] = out.setdefault("cells", {})
+    before_publish = history or empty()
+    locks: dict[str, Mapping[str, str]] = dict(before_publish.locks)
+    cells: dict[str, HistoryCell] = dict(before_publish.cells)
     categories: dict[str, tuple[str, str]] = {}
     kept = 0
     pins_of: dict[tuple[str, str], dict[str, str] | None] = {}
@@ -373,18 +366,19 @@ def advance(
         cell_id = str(row.cell_id)
         cell = cells.get(cell_id)
         if cell is None:
-            cell = cells[cell_id] = {"entries": [], "dropped": 0}
+            cell = HistoryCell()
             old = old_cells.get(cell_id) if isinstance(old_cells, Mapping) else None
             if isinstance(old, Mapping):  # an older record: its one-step summary, then its row
-                _seed(cell, old.get("previous"))
+                cell = _seed(cell, old.get("previous"))
                 if old.get("run_id") != row.run_id:
-                    _seed(cell, old)
-        cell.update(matrix=row.matrix, mode=row.mode, env_id=row.env_id, axes=dict(row.axes))
-        entries = cell["entries"]
+                    cell = _seed(cell, old)
+        cell = replace(cell, matrix=row.matrix, mode=row.mode, env_id=row.env_id, axes=dict(row.axes))
+        cells[cell_id] = cell
+        entries = list(cell.entries)
         last = entries[-1] if entries else None
-        if last is not None and row.run_id in (last.get("run_id"), last.get("last_run_id")):
+        if last is not None and row.run_id in (last.run_id, last.last_run_id):
             kept += 1
-            _renamed(last, str(row.verdict), date)
+            cells[cell_id] = replace(cell, entries=(*entries[:-1], _renamed(last, str(row.verdict), date)))
             continue
         key = (str(row.lock_file or ""), str(row.lock_hash or ""))
         if key not in pins_of:
@@ -397,149 +391,108 @@ def advance(
             why = "first decided run in the history"
         categories[cell_id] = (category, why)
         if last is not None and _identical(last, entry):
-            last["repeats"] = int(last.get("repeats", 1)) + 1
-            last["last_date"], last["last_run_id"] = entry["date"], entry["run_id"]
-            last["published"] = date
-            if (category, why) != (last.get("category"), last.get("why", "")):  # the entry keeps its first
-                last["published_as"] = [category, why]  # what this publish called it
-            else:
-                last.pop("published_as", None)
+            # The entry keeps its first category; what this publish called it, where that differs.
+            called = (category, why) != (last.category, "" if last.why is None else last.why)
+            repeated = replace(
+                last,
+                repeats=last.repeated + 1,
+                last_date=entry.date,
+                last_run_id=entry.run_id,
+                published=date,
+                published_as=[category, why] if called else None,
+            )
+            cells[cell_id] = replace(cell, entries=(*entries[:-1], repeated))
             continue
-        entry["category"], entry["published"] = category, date
-        if why:
-            entry["why"] = why
-        if last is not None and last.get("lock") in locks and pins is not None and last["lock"] != entry["lock"]:
-            entry["lock_changes"] = lock_changes(locks[last["lock"]], pins)
+        changes = None
+        if last is not None and last.lock in locks and pins is not None and last.lock != entry.lock:
+            changes = lock_changes(locks[str(last.lock)], pins)
+        entry = replace(entry, category=category, published=date, why=why or None, lock_changes=changes)
         if pins is not None:
-            locks[entry["lock"]] = dict(pins)
+            locks[str(entry.lock)] = dict(pins)
+        since = cell.since
         # A stopped run does not end what the cell's verdict has been since.
-        if "since" not in cell or (
-            decided(entry["verdict"])
-            and (before is None or verdict_kind(str(before.get("verdict"))) != verdict_kind(entry["verdict"]))
+        if since is None or (
+            decided(entry.verdict)
+            and (before is None or verdict_kind(str(before.verdict)) != verdict_kind(str(entry.verdict)))
         ):
-            cell["since"] = entry["date"]
-        cell.setdefault("first", entry["date"])
-        entries.append(entry)
-        if len(entries) > MAX_ENTRIES:
-            cell["dropped"] = int(cell.get("dropped", 0)) + len(entries) - MAX_ENTRIES
-            del entries[: len(entries) - MAX_ENTRIES]
+            since = entry.date
+        first = entry.date if cell.first is None else cell.first
+        cells[cell_id] = replace(cell, entries=(*entries, entry), since=since, first=first).bounded(MAX_ENTRIES)
     # The cells are the published ones: a cell pruned from the record (`--prune`) leaves its history too, so
     # matrices that change their cells do not grow the feed for ever.
     published = {str(row.cell_id) for row in rows}
-    out["cells"] = cells = {cell_id: cell for cell_id, cell in cells.items() if cell_id in published}
+    cells = {cell_id: cell for cell_id, cell in cells.items() if cell_id in published}
     # The lock versions kept are those the cells' last entries use: the next change is told from them.
-    used = {c["entries"][-1].get("lock") for c in cells.values() if c.get("entries")}
-    out["locks"] = {k: v for k, v in sorted(locks.items()) if k in used}
+    used = {c.entries[-1].lock for c in cells.values() if c.entries}
+    out = replace(
+        before_publish,
+        bound=BOUND,
+        cells=cells,
+        locks={k: v for k, v in sorted(locks.items()) if k in used},
+    )
     if not categories:
         return _again(out, kept)
     advance_ = Advance(history=out, categories=categories, no_new_run=kept)
-    out["publishes"] = [
-        *out.get("publishes", []),
-        {"date": date, "cells": len(rows), "counts": {c: n for c, n in advance_.counts().items() if n}},
-    ][-MAX_PUBLISHES:]
-    return advance_
+    publish = {"date": date, "cells": len(rows), "counts": {c: n for c, n in advance_.counts().items() if n}}
+    return replace(advance_, history=replace(out, publishes=(*out.publishes, publish)[-MAX_PUBLISHES:]))
 
 
-def _renamed(entry: dict[str, Any], verdict: str, date: str) -> None:
+def _renamed(entry: HistoryEntry, verdict: str, date: str) -> HistoryEntry:
     """A run already in the history whose failure class was named again from its log (`servematrix
     reclassify`): the entry takes the new class and keeps the one the run had, with the publish that
     renamed it. Not a new run, so no category; any other change of a run's verdict is not a renaming."""
-    was = str(entry.get("verdict"))
+    was = str(entry.verdict)
     if verdict == was or verdict_kind(verdict) != "fail" or verdict_kind(was) != "fail":
-        return
-    entry["verdict"] = verdict
-    entry.setdefault("named_again", {"was": was})["on"] = date
+        return entry
+    return replace(entry, verdict=verdict, named_again={**(entry.named_again or {"was": was}), "on": date})
 
 
-def _again(history: dict[str, Any], kept: int) -> Advance:
+def _again(history: History, kept: int) -> Advance:
     """A render with no new run (the docs build, `report --from-published`): the last publish's categories,
     read back from the cells' entries it wrote (`published`), so its news stays on the page."""
-    last = (history.get("publishes") or [{}])[-1].get("date")
+    last = history.last_publish
     if last is None:
         return Advance(history=history, categories={}, no_new_run=kept)
     categories = {}
-    for cell_id, cell in history.get("cells", {}).items():
-        entry = (cell.get("entries") or [{}])[-1]
-        if entry.get("published") == last:
-            category, why = entry.get("published_as") or (entry.get("category"), entry.get("why"))
+    for cell_id, cell in history.cells.items():
+        entry = cell.entries[-1] if cell.entries else None
+        if entry is not None and entry.published == last:
+            category, why = entry.published_as or (entry.category, entry.why)
             categories[cell_id] = (str(category or "unchanged"), str(why or ""))
     return Advance(history=history, categories=categories, no_new_run=kept, again=last if categories else None)
-
-
-def _copy(history: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy that `advance` may change (it changes cells, their entry lists and last entries, never figures)."""
-    out = dict(history)
-    out["cells"] = {
-        cell_id: {**cell, "entries": [dict(e) for e in cell.get("entries") or []]}
-        for cell_id, cell in (history.get("cells") or {}).items()
-    }
-    out["locks"] = dict(history.get("locks") or {})
-    out["publishes"] = list(history.get("publishes") or [])
-    return out
 
 
 # ------------------------------------------------------------------------------------------- the feed
 
 
-def load_history(path: Path) -> dict[str, Any] | None:
+def load_history(path: Path) -> History | None:
     """The history at `path`, None when there is none (an older site: its cells start from `previous`). A
-    malformed one is a ValueError."""
+    malformed one is a ValueError naming the cell, the entry and the field."""
     if not path.is_file():
         return None
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("cells"), dict):
         raise ValueError(f"{path}: not a servematrix history (schema {SCHEMA})")
-    for cell_id, cell in data["cells"].items():
-        if not isinstance(cell, dict) or not isinstance(cell.get("entries"), list):
-            raise ValueError(f"{path}: cell {str(cell_id)[:80]!r} has no list of entries")
-        if not all(isinstance(e, dict) for e in cell["entries"]):
-            raise ValueError(f"{path}: cell {str(cell_id)[:80]!r}: an entry is not a table")
-        problem = _cell_problem(cell)
-        if problem:
-            raise ValueError(f"{path}: cell {str(cell_id)[:80]!r}: {problem}")
-        if len(cell["entries"]) > MAX_ENTRIES:  # the bound holds for what is read, not only for what is added
-            cell["dropped"] = int(cell.get("dropped", 0)) + len(cell["entries"]) - MAX_ENTRIES
-            cell["entries"] = cell["entries"][-MAX_ENTRIES:]
-    if not isinstance(data.get("locks", {}), dict) or not isinstance(data.get("publishes", []), list):
+    # The bound holds for what is read, not only for what is added.
+    cells = {
+        str(cell_id): HistoryCell.from_json(cell, f"{path}: cell {str(cell_id)[:80]!r}").bounded(MAX_ENTRIES)
+        for cell_id, cell in data["cells"].items()
+    }
+    locks, publishes, bound = data.get("locks", {}), data.get("publishes", []), data.get("bound")
+    if not isinstance(locks, dict) or not isinstance(publishes, list):
         raise ValueError(f"{path}: locks or publishes malformed")
-    return data
+    return History(
+        bound=bound if isinstance(bound, dict) else BOUND, publishes=tuple(publishes), locks=locks, cells=cells
+    )
 
 
-_FIGURE_KEY = re.compile(r"[a-z_]+@[0-9]{1,9}")
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _cell_problem(cell: Mapping[str, Any]) -> str | None:
-    """What makes a cell's entries unusable (a hand edit, a crafted file), or None: a figure is three finite
-    numbers under a `<figure>@<level>` key, and counts are whole numbers."""
-    if "dropped" in cell and not _is_count(cell["dropped"]):
-        return f"dropped is {cell['dropped']!r:.40}, not a whole number"
-    for index, entry in enumerate(cell["entries"]):
-        if "repeats" in entry and not _is_count(entry["repeats"]):
-            return f"entry {index}: repeats is {entry['repeats']!r:.40}, not a whole number"
-        found = entry.get("figures", {})
-        if not isinstance(found, dict):
-            return f"entry {index}: figures is not a table"
-        for key, value in found.items():
-            if not isinstance(key, str) or not _FIGURE_KEY.fullmatch(key):
-                return f"entry {index}: figure key {str(key)[:40]!r} is not <figure>@<level>"
-            numbers = value if isinstance(value, list) and len(value) == 3 else None
-            if numbers is None or not all(
-                isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers
-            ):
-                return f"entry {index}: figure {key} is {str(value)[:40]}, not three finite numbers"
-    return None
-
-
-def dumps(history: Mapping[str, Any]) -> str:
+def dumps(history: History) -> str:
     """One cell a line, so a nightly publish changes few lines of the file in git."""
+    data = history.to_json()
     parts = []
     for key in ("schema", "bound", "publishes", "locks"):
-        parts.append(f"{json.dumps(key)}: {json.dumps(history.get(key), sort_keys=True, ensure_ascii=False)}")
-    cells = history.get("cells") or {}
+        parts.append(f"{json.dumps(key)}: {json.dumps(data[key], sort_keys=True, ensure_ascii=False)}")
+    cells = data["cells"]
     body = ",\n".join(
         f"  {json.dumps(c)}: {json.dumps(cells[c], sort_keys=True, ensure_ascii=False, allow_nan=False)}"
         for c in sorted(cells)
@@ -547,5 +500,5 @@ def dumps(history: Mapping[str, Any]) -> str:
     return "{\n" + ",\n".join(parts) + ',\n"cells": {\n' + body + "\n}\n}\n"
 
 
-def write_history(history: Mapping[str, Any], path: Path) -> Path:
+def write_history(history: History, path: Path) -> Path:
     return atomic_write(path, dumps(history))

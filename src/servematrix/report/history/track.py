@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servematrix.records.history import History, HistoryEntry
 from servematrix.report.escape import code, text
 from servematrix.report.history.record import HISTORY, decided_on, entry_of, known_same, load_history, verdict_kind
 from servematrix.store.rowschema import Row
@@ -29,17 +30,17 @@ from servematrix.store.rowschema import Row
 @dataclass(frozen=True, kw_only=True)
 class Contradiction:
     cell_id: str
-    predicted: Mapping[str, Any]  # the CPU entry
-    observed: Mapping[str, Any]  # the GPU entry
+    predicted: HistoryEntry  # the CPU entry
+    observed: HistoryEntry  # the GPU entry
 
 
 CONFIRMED, CONTRADICTED, NOT_COMPARABLE = "confirmed", "contradicted", "not comparable"
 SERVED = "served"  # where a GPU run's own prediction was made: the interpreter it served with
 
 
-def predicted_on(entry: Mapping[str, Any]) -> str:
+def predicted_on(entry: HistoryEntry) -> str:
     """Where a contradicted prediction was made, as the page and the table say it."""
-    return "the served interpreter" if entry.get("on") == SERVED else "a CPU"
+    return "the served interpreter" if entry.on == SERVED else "a CPU"
 
 
 def score(predicted: str, observed: str) -> str:
@@ -176,41 +177,38 @@ def _prediction(verdict: str) -> tuple[str, str] | None:
     return None
 
 
-def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row] = ()) -> TrackRecord:
+def track_record(history: History | None, rows: Iterable[Row] = ()) -> TrackRecord:
     """For each GPU observation (pass or fail) with an earlier CPU prediction of the same inputs, in a cell's
     history, or in a row's own `prediction` field: whether the prediction held, by its class."""
     rows = list(rows)  # read twice: the pairs of history, and the rows' own predictions (`scored`)
     by_class: dict[str, list[int]] = {}
     contradicted: list[Contradiction] = []
     seen: set[tuple[str, str]] = set()
-    for cell_id, cell in sorted(((history or {}).get("cells") or {}).items()):
-        entries = cell.get("entries") or []
+    for cell_id, cell in sorted((history.cells if history is not None else {}).items()):
+        entries = cell.entries
         for index, observed in enumerate(entries):
-            if observed.get("on") in ("cpu", None) or verdict_kind(str(observed.get("verdict"))) not in (
-                "pass",
-                "fail",
-            ):
+            if observed.on in ("cpu", None) or verdict_kind(str(observed.verdict)) not in ("pass", "fail"):
                 continue
             earlier = next(
                 (
                     e
                     for e in reversed(entries[:index])
-                    if e.get("on") == "cpu"
-                    and _prediction(str(e.get("verdict"))) is not None
-                    and e.get("inputs") is not None
-                    and e.get("inputs") == observed.get("inputs")
+                    if e.on == "cpu"
+                    and _prediction(str(e.verdict)) is not None
+                    and e.inputs is not None
+                    and e.inputs == observed.inputs
                     and known_same(e, observed, "lock")
                 ),
                 None,
             )
             if earlier is None:
                 continue
-            outcome, cls = _prediction(str(earlier["verdict"])) or ("", "")
-            held = outcome == verdict_kind(str(observed["verdict"]))
+            outcome, cls = _prediction(str(earlier.verdict)) or ("", "")
+            held = outcome == verdict_kind(str(observed.verdict))
             counts = by_class.setdefault(cls, [0, 0])
             counts[0] += int(held)
             counts[1] += 1
-            seen.add((cell_id, str(observed.get("run_id"))))
+            seen.add((cell_id, str(observed.run_id)))
             if not held:
                 contradicted.append(Contradiction(cell_id=cell_id, predicted=earlier, observed=observed))
     for row in rows:
@@ -233,12 +231,7 @@ def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row] = ()) ->
                 Contradiction(
                     cell_id=str(row.cell_id),
                     # made by the same run, on the interpreter it then served with
-                    predicted={
-                        "verdict": predicted,
-                        "on": SERVED,
-                        "run_id": row.run_id,
-                        "date": observed.get("date"),
-                    },
+                    predicted=HistoryEntry(verdict=predicted, on=SERVED, run_id=row.run_id, date=observed.date),
                     observed=observed,
                 )
             )
@@ -249,7 +242,7 @@ def track_record(history: Mapping[str, Any] | None, rows: Iterable[Row] = ()) ->
     )
 
 
-def track_record_markdown(history: Mapping[str, Any] | None, rows: Sequence[Row]) -> str:
+def track_record_markdown(history: History | None, rows: Sequence[Row]) -> str:
     """The track record for the recommendation: one line, then each contradicted prediction with both rows."""
     found = track_record(history, rows)
     head, *scores = found.line().splitlines()  # the scores of GPU runs' own predictions: a line each
@@ -257,10 +250,10 @@ def track_record_markdown(history: Mapping[str, Any] | None, rows: Sequence[Row]
     for c in found.contradicted:
         p, o = c.predicted, c.observed
         lines.append(
-            f"- {code(c.cell_id)}: predicted {code(str(p.get('verdict')))} on {text(predicted_on(p))} "
-            f"({text(str(p.get('date') or '')[:10])}, run {code(str(p.get('run_id')))}); observed "
-            f"{code(str(o.get('verdict')))} on {text(str(o.get('on')))} ({text(str(o.get('date') or '')[:10])}, "
-            f"run {code(str(o.get('run_id')))})"
+            f"- {code(c.cell_id)}: predicted {code(str(p.verdict))} on {text(predicted_on(p))} "
+            f"({text(str(p.date or '')[:10])}, run {code(str(p.run_id))}); observed "
+            f"{code(str(o.verdict))} on {text(str(o.on))} ({text(str(o.date or '')[:10])}, "
+            f"run {code(str(o.run_id))})"
         )
     return "\n".join(lines) + ("\n" if found.contradicted else "")
 
