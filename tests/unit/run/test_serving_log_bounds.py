@@ -61,8 +61,10 @@ def _run(matrix: Path, tmp_path: Path, *server_args: str) -> tuple[dict[str, str
 def _bounded_log(row: Row, *, running: bool = False) -> bytes:
     text = Path(row.log_path).read_bytes()
     assert MARKER.search(text), text[:300]
-    # Once its server has gone, head, marker and tail; while it runs, up to twice the tail (and a read's worth).
-    limit = BOUNDS.head + BOUNDS.tail * (2 if running else 1) + MARKER_MAX + (serverlog.READ_BYTES if running else 0)
+    # Once its server has gone, head, marker and tail; while it runs, up to twice the tail and the piece being
+    # written (a read's worth, and the end of the line it stopped in).
+    limit = BOUNDS.head + BOUNDS.tail * (2 if running else 1) + MARKER_MAX
+    limit += serverlog.READ_BYTES + 1024 if running else 0
     assert len(text) <= limit
     return text
 
