@@ -4,7 +4,8 @@
   layer shows beside a row).
 - `published.py`: the published record, `docs/results/latest.json` (`PublishedCell`, `PublishedRecord`), and
   its JSON schema, generated from the model.
+- `history.py`: the history feed, `results/history.json` (`HistoryEntry`, `HistoryCell`, `History`).
 
-Pure data: it imports nothing of servematrix but `errors` and `formats`. Reading and writing them (the
+Pure data: it imports nothing of servematrix (only pydantic). Reading and writing them (the
 database, the files, their checks against crafted input) belong to `store/` and `report/`.
 """

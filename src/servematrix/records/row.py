@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from servematrix.records.published import Host
+
 # Field metadata: `json` (the column is stored as JSON text), `column` (False: shown beside a row by the report's
 # evidence layer, never stored).
 _JSON = {"json": True}
@@ -75,6 +77,12 @@ class Row:
     def replace(self, **changes: Any) -> Row:
         """A copy with `changes` given."""
         return Row.of({**self.values, **changes})
+
+    @property
+    def on_host(self) -> Host:
+        """The host it ran on, typed: the stored JSON as it is (checked as the row was read), fields absent read
+        as None."""
+        return Host.model_construct(**(self.host or {}))
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.given:

@@ -269,7 +269,7 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
         line = [_axis(any_row, a) for a in axes]
         for mode in modes:
             cell = cells.get(mode)
-            regressed = extras.regressed(cell["cell_id"]) if cell else []
+            regressed = extras.regressed(cell.cell_id) if cell else []
             line.append(_verdict(cell, extras.failure_pages, flagged=any(r.kind == "verdict" for r in regressed)))
             values = tok_s(cell) if cell else {}
             slower = {r.concurrency for r in regressed if r.kind == "throughput"}
@@ -277,7 +277,7 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
                 (f"{values[c]:,.0f}" + (f" {REGRESSED}" if c in slower else "")) if c in values else "—"
                 for c in concurrencies
             ]
-            ttft = ttft_ms(cell) if cell and cell["verdict"] == "pass" else {}
+            ttft = ttft_ms(cell) if cell and cell.verdict == "pass" else {}
             line += [f"{ttft[c]:,.1f}" if c in ttft else "—" for c in ttft_levels]
         for mode in modes[1:]:
             first, second = cells.get(modes[0]), cells.get(mode)
@@ -297,7 +297,7 @@ def _matrix_section(matrix: str, rows: list[Row], extras: Extras = NO_EXTRAS) ->
 
 
 def _axis_value(cells: Mapping[str, Row], axis: str) -> str:
-    return str(next(iter(cells.values()))["axes"].get(axis, ""))
+    return str(next(iter(cells.values())).axes.get(axis, ""))
 
 
 def _axis(row: Row, axis: str) -> str:

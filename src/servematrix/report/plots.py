@@ -106,7 +106,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path) -> list[Plot]:
 
 
 def _env_label(cells: dict[str, Row], varying: Sequence[str]) -> str:
-    axes = next(iter(cells.values()))["axes"]
+    axes = next(iter(cells.values())).axes
     return " · ".join(f"{a} {axes[a]}" for a in varying) or "all"
 
 
@@ -118,7 +118,7 @@ def _environments(rows: Sequence[Row], axes: Sequence[str]) -> tuple[dict[str, d
     ordered = dict(
         sorted(
             envs.items(),
-            key=lambda item: [version_key(str(next(iter(item[1].values()))["axes"].get(a))) for a in axes],
+            key=lambda item: [version_key(str(next(iter(item[1].values())).axes.get(a))) for a in axes],
         )
     )
     return ordered, varying
@@ -275,7 +275,7 @@ def _speedup_heatmap(
     ys = sorted({str(r.axes[y_axis]) for r in rows}, key=version_key)
     grid: dict[tuple[str, str, str], list[tuple[Row | None, Row | None]]] = {}
     for cells in envs.values():
-        axes = next(iter(cells.values()))["axes"]
+        axes = next(iter(cells.values())).axes
         key = (str(axes.get("gpu")), str(axes[x_axis]), str(axes[y_axis]))
         grid.setdefault(key, []).append((cells.get(first_mode), cells.get(second_mode)))
     heat = {key: _heat_cell(engine, pairs, first_mode, second_mode) for key, pairs in grid.items()}

@@ -534,7 +534,7 @@ def _cell_view(
     headline = found.headline if found is not None else None
     mine = [r for r in regressions if r.cell_id == row.cell_id]
     slower = {r.concurrency: r for r in mine if r.kind == "throughput"}
-    host = row.host or {}
+    host = row.on_host
     excerpt = (row.excerpt or "").strip()
     return {
         "id": row.cell_id,
@@ -585,13 +585,13 @@ def _cell_view(
         "lock_file": row.lock_file or "",
         "image_digest": row.image_digest or "",
         "host": {
-            "name": host.get("hostname") or "",
-            "cpu": host.get("cpu") or "",
-            "cpus": host.get("cpus") or "",
-            "os": host.get("os") or "",
-            "gpu": host.get("gpu_sku") or "",
-            "gpus": len(host.get("gpus") or []),
-            "driver": host.get("driver") or "",
+            "name": host.hostname or "",
+            "cpu": host.cpu or "",
+            "cpus": host.cpus or "",
+            "os": host.os or "",
+            "gpu": host.gpu_sku or "",
+            "gpus": len(host.gpus or []),
+            "driver": host.driver or "",
         },
         "run_id": row.run_id or "",
         "finished_at": row.finished_at or "",

@@ -151,3 +151,24 @@ def test_a_malformed_history_entry_is_refused_naming_its_cell_entry_and_field(
     path.write_text(json.dumps({"schema": 1, "cells": {"a": {"entries": [{"date": "d", **entry}]}}}))
     with pytest.raises(ValueError, match=message):
         record.load_history(path)
+
+
+def test_an_older_store_without_the_newer_columns_still_reads_into_rows(tmp_path: Path):
+    # A store written before `preflight`, `prediction` and `redacted_flags` existed: its table as it was then.
+    import sqlite3
+
+    old = [c for c in COLUMNS if c not in ("preflight_hash", "preflight", "prediction", "redacted_flags")]
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute(f"CREATE TABLE cell_runs ({', '.join(old)}, PRIMARY KEY (run_id, cell_id))")
+    values = {**_values(), "axes": json.dumps({"gpu": "cpu"}), "evidence": "[]", "stages": '{"serve": 1.5}'}
+    db.execute(
+        f"INSERT INTO cell_runs ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
+        tuple(values.values()),
+    )
+    db.commit()
+    db.close()
+    with Store(path, read_only=True) as store:
+        (row,) = store.latest()
+    assert row.cell_id == "c1" and row.axes == {"gpu": "cpu"} and row.stages == {"serve": 1.5}
+    assert row.preflight is None and row.prediction is None and row.redacted_flags is None

@@ -92,7 +92,7 @@ def decided_on(row: Row) -> str:
     """`cpu` when nothing was served on a GPU (a CPU pre-flight, a CPU cell), else the GPU the host named."""
     stages = row.stages or {}
     served = row.metrics is not None or any(s in stages for s in ("build", "serve", "bench"))
-    gpu = (row.host or {}).get("gpu_sku")
+    gpu = row.on_host.gpu_sku
     return str(gpu) if served and gpu else "cpu"
 
 
