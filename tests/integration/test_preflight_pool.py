@@ -34,10 +34,13 @@ name = "m"
 path = "m"
 [axes]
 toyserve = [{versions}]
-gpu = ["b200"]
+gpu = [{gpus}]
 mode = ["short", "long"]
 [gpu.b200]
 arch = "sm_100"
+count = 1
+[gpu.h200]
+arch = "sm_90"
 count = 1
 [bench]
 concurrency = [1]
@@ -56,6 +59,8 @@ import importlib.metadata, os, pathlib, sys, time
 name = "-".join([sys.argv[1], importlib.metadata.version("toyserve"), *sys.argv[2:]])
 marks = pathlib.Path(os.environ["POOL_MARKS"])
 (marks / f"{name}-start").write_text(repr(time.time()))
+with open(marks / "runs", "a") as runs:
+    runs.write(name + "\n")
 spin = time.process_time() + float(os.environ.get("POOL_SPIN_S", "0"))  # a core's work (the benchmark's)
 while time.process_time() < spin:
     pass
@@ -94,13 +99,14 @@ PREFLIGHTS = {**PREFLIGHTS, "load": load}
 
 
 def _project(
-    tmp_path: Path, index: str, versions: tuple[str, ...], name: str = "project"
+    tmp_path: Path, index: str, versions: tuple[str, ...], name: str = "project", gpus: tuple[str, ...] = ("b200",)
 ) -> tuple[Path, dict[str, str]]:
     """A project folder (the matrix, its locks, store, workdir and uv cache), the engine data and hooks beside it
     (shared by the projects of a test: they are in the pre-flights' keys), and the environment the CLI runs in."""
     root = tmp_path / name
     root.mkdir()
-    (root / "toy.toml").write_text(MATRIX.format(versions=", ".join(f'"{v}"' for v in versions)))
+    quoted = {"versions": versions, "gpus": gpus}
+    (root / "toy.toml").write_text(MATRIX.format(**{k: ", ".join(f'"{v}"' for v in vs) for k, vs in quoted.items()}))
     engines = tmp_path / "engines"
     shutil.copytree(REPO / "tests" / "fakes" / "engines", engines, dirs_exist_ok=True)
     hooks = tmp_path / "hooks"
@@ -194,14 +200,16 @@ def test_with_two_jobs_one_environments_load_runs_while_anothers_import_check_ru
     }
 
 
-# How the import check ran, not what it found: read from its cache (the serial run checks the distinct locks
-# ahead, then reads them) or not; and the run's own fields.
-RUN_FIELDS = {"id", "run_id", "started_at", "finished_at", "stages", "harness_pid", "claimed_at", "heartbeat_at"}
+# How the import check ran, not what it found: read from its cache (a run one environment at a time checks the
+# distinct locks ahead, then reads them) or not, and what its install fetched, measured over the one uv cache
+# that other installs grow (and empty of their temporary files) meanwhile: a measurement, as a time is. And the
+# run's own fields.
+RUN_FIELDS = {"run_id", "started_at", "finished_at", "stages", "harness_pid"}
 
 
 def _comparable(row: dict) -> dict:
     kept = {k: v for k, v in row.items() if k not in RUN_FIELDS}
-    return json.loads(json.dumps(kept).replace(" (cached)", ""))
+    return json.loads(re.sub(r" \(cached\)| \(fetched [^()]*\)", "", json.dumps(kept)))
 
 
 def test_the_pool_stores_the_rows_one_environment_at_a_time_stores(tmp_path):
@@ -221,7 +229,24 @@ def test_the_pool_stores_the_rows_one_environment_at_a_time_stores(tmp_path):
         "predicted-fail:load-failed",
     }
     for cell_id, row in serial.items():
-        assert _comparable(pooled[cell_id]) == _comparable(row), cell_id
+        one, other = _comparable(row), _comparable(pooled[cell_id])
+        assert one == other, {k: (one[k], other.get(k)) for k in one if one[k] != other.get(k)}
+
+
+def test_two_environments_of_one_lock_body_import_check_it_once_side_by_side(tmp_path):
+    """Two GPU kinds' environments of one release: one lock body under two headers. Started at once, one
+    installs and imports it while the other waits for its result (an import check's venv is named by the
+    body: two installs into it at once would break each other); both then run their load pre-flights."""
+    with standin_index(tmp_path / "index", PACKAGES) as index:
+        root, env = _project(tmp_path, index, ("2.1",), gpus=("b200", "h200"))
+        out = _finished(_run(root, env, "--jobs", "2"))
+    assert "pre-flight: 2 environment(s) (4 cell(s)), 2 at once" in out, out[-3000:]
+    runs = (root / "marks" / "runs").read_text().split()
+    assert runs.count("import-2.1") == 1 and runs.count("load-2.1-short") == 2, runs
+    rows = _rows(root / "s.sqlite").values()
+    notes = sorted(json.loads(r["preflight"])["import"]["evidence"][0].split(":")[0] for r in rows)
+    assert notes == ["import check", "import check", "import check (cached)", "import check (cached)"], notes
+    assert {r["verdict"] for r in rows} == {"skipped:no-gpu"}
 
 
 def _cmdline(process: psutil.Process) -> str:
@@ -238,7 +263,7 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_an_interrupted_pool_keeps_its_finished_rows_and_leaves_no_process(tmp_path, sig):
     with standin_index(tmp_path / "index", PACKAGES) as index:
         root, env = _project(tmp_path, index, ("1.4", "2.1", "2.2"))
@@ -263,8 +288,9 @@ def test_an_interrupted_pool_keeps_its_finished_rows_and_leaves_no_process(tmp_p
         assert [p for p in started if "servematrix.run.packjob" in _cmdline(p)], "no pre-flight job"
         harness.send_signal(sig)
         out, _ = harness.communicate(timeout=120)
-    assert harness.returncode == 130, out[-3000:]
-    deadline = time.monotonic() + 30
+    # SIGKILL: the harness could not stop its jobs; each ends with it (PR_SET_PDEATHSIG) and stops what it started.
+    assert harness.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), out[-3000:]
+    deadline = time.monotonic() + 60
     while [p for p in started if _alive(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p.pid for p in started if _alive(p)], out[-3000:]  # no job, no install, no probe left
