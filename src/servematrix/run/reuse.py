@@ -27,7 +27,10 @@ alone) is replayed by nothing: its cell runs again.
 A row is replayed only when it was decided on a CPU (nothing served, no figures, a host without the cell's
 GPUs), by a verdict that is a fact about its inputs (`unresolvable`, `predicted-fail:*`, `skipped:no-gpu`, a
 `fail:` of a pre-flight), and only on a host that lacks the cell's GPUs too: there the GPU stages decide.
-A stage that could not run (unavailable) or erred is never replayed. `--fresh` reuses nothing.
+A stage that could not run (unavailable) or erred is not replayed, unless the reason is a fact of its inputs:
+the lock's own environment refused to prepare (`INPUT_FAULTS`), or the lock pins a package the index serves only
+as a placeholder that fetches its wheel from another index (`classify/placeholder.py`; the cell stays an
+`error`, with that reason). `--fresh` reuses nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from servematrix.classify.placeholder import placeholder_fault
 from servematrix.config.spec import model_config_dir
 from servematrix.engines import Engine, _engine_folders
 from servematrix.engines.plugins import hooks_of
@@ -68,6 +72,7 @@ REPLAYED = ("resolved", "passed", "verdict")
 # flashinfer 0.6.12 refuses to import). Every other reason (no index, no interpreter, an install that failed) is
 # the host's, and the stage runs again.
 INPUT_FAULTS = ("the load probe could not prepare:",)
+# An install that erred is replayed where the index serves a pin only as a placeholder (`classify/placeholder.py`).
 
 
 def _digest(data: bytes) -> str:
@@ -214,7 +219,8 @@ def decided_on_a_cpu(row: Row | Mapping[str, Any], env: Environment) -> bool:
     stages = row.get("stages") or {}
     if row.get("metrics") is not None or any(s in stages for s in ("build", "serve", "bench")):
         return False
-    if not (kind in ("unresolvable", "predicted-fail", "fail") or text in ("skipped:no-gpu", "skipped:not-applicable")):
+    decided = kind in ("unresolvable", "predicted-fail", "fail") or text in ("skipped:no-gpu", "skipped:not-applicable")
+    if not (decided or (kind == "error" and _input_error(row) is not None)):
         return False
     return _lacks_gpus(env, row.get("host"))
 
@@ -282,11 +288,20 @@ class Replay:
 Reused = Replay
 
 
-def _replayable(stored: Any) -> TypeGuard[Mapping[str, Any]]:
+def _input_error(row: Row | Mapping[str, Any]) -> str | None:
+    """Why a row's stage erred for a fact of its inputs, not of the host (None: the host's, run it again): the
+    lock pins a package the index serves only as a placeholder that fetches its wheel elsewhere."""
+    found = placeholder_fault(str(row.get("excerpt") or ""))
+    return found.note() if found is not None else None
+
+
+def _replayable(stored: Any, row: Mapping[str, Any]) -> TypeGuard[Mapping[str, Any]]:
     if not isinstance(stored, Mapping):
         return False
     if stored.get("outcome") == "unavailable":
         return any(str(e).startswith(INPUT_FAULTS) for e in stored.get("evidence") or [])
+    if stored.get("outcome") == "error":
+        return _input_error(row) is not None
     return stored.get("outcome") in REPLAYED
 
 
@@ -294,6 +309,12 @@ def _kept(stored: Mapping[str, Any], row: Mapping[str, Any]) -> Kept:
     evidence = tuple(str(e) for e in stored.get("evidence") or [])
     if stored.get("outcome") == "unavailable":
         return Kept(verdict=None, evidence=evidence, state="unavailable")
+    if stored.get("outcome") == "error":
+        found = Verdict.parse(str(row.get("verdict") or ""), excerpt=str(row.get("excerpt") or ""))
+        why = _input_error(row)
+        noted = (*evidence, why) if why is not None and why not in evidence else evidence
+        verdict = Verdict(kind=found.kind, detail=found.detail, excerpt=found.excerpt, evidence=noted)
+        return Kept(verdict=verdict, evidence=noted)
     if stored.get("outcome") != "verdict":
         return Kept(verdict=None, evidence=evidence)
     named = naming.named_now({**row, "verdict": stored.get("verdict")})
@@ -311,7 +332,7 @@ def replay(row: Mapping[str, Any], keys: Mapping[str, str], cell: Cell) -> Repla
     changed: str | None = None
     for stage, key in keys.items():
         found = stored.get(stage)
-        if not _replayable(found) or found.get("key") != key:
+        if not _replayable(found, row) or found.get("key") != key:
             changed = changed or stage
             continue
         kept[stage] = _kept(found, row)

@@ -25,6 +25,8 @@ from servematrix.stages.locking import resolve_request
 from servematrix.stages.resolve import lock_header
 from tests.fakes.fake_backend import FakeBackend
 
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+
 ROOT = Path(__file__).resolve().parents[3]
 TOY_ENGINES = ROOT / "tests" / "fakes" / "engines"
 
@@ -376,3 +378,35 @@ def test_a_stage_that_could_not_run_for_a_reason_of_its_inputs_is_replayed_one_o
     assert not any("could not prepare" in e for e in inputs.verdict.evidence)  # not shown as a passing check's
     host = reuse.replay(row("no package index is reachable from this host"), keys, cell)
     assert host.changed == "load" and host.verdict is None
+
+
+def test_an_install_that_erred_on_a_placeholder_pin_is_replayed_a_host_install_fault_runs_again(toy):
+    """sglang 0.5.18's lock pins cuda-tile 1.6.0rc5, a wheel-stub sdist on PyPI that fetches its wheel from NVIDIA's
+    index when built (the real uv output, stored by the product matrix's run): every host that reaches only the
+    index ends the same, so the error is replayed, named, instead of downloading the lock again on every fresh
+    clone; an install that failed for the host (a timeout, a full disk) runs again."""
+    plan, _locks, _engines = toy
+    cell = next(c for c in plan.cells if c.applicable)
+    keys = {"resolve": "r", "import": "i", "load": "l"}
+    stub = (FIXTURES / "logs" / "uv-install-wheel-stub-cuda-tile.txt").read_text(encoding="utf-8")
+
+    def row(excerpt: str) -> dict:
+        failed = "import check: error install: `uv pip install` failed: hint: Build failures usually indicate ..."
+        imported = {"key": "i", "outcome": "error", "evidence": [failed]}
+        return {
+            "verdict": "error:import-check",
+            "excerpt": excerpt,
+            "evidence": [failed],
+            "stages": {"resolve": 0.5, "import": 12.1},
+            "host": {"gpus": []},
+            "preflight": {"resolve": {"key": "r", "outcome": "resolved"}, "import": imported},
+        }
+
+    placeholder = reuse.replay(row(stub), keys, cell)
+    assert placeholder.changed is None and placeholder.verdict is not None
+    assert str(placeholder.verdict) == "error:import-check"
+    assert any("cuda-tile 1.6.0rc5" in e and "placeholder" in e for e in placeholder.verdict.evidence)
+    assert reuse.decided_on_a_cpu(row(stub), cell.env)
+    host = row("error: Failed to download `torch==2.13.0`: No space left on device (os error 28)")
+    assert reuse.replay(host, keys, cell).changed == "import" and reuse.replay(host, keys, cell).verdict is None
+    assert not reuse.decided_on_a_cpu(host, cell.env)
