@@ -81,6 +81,7 @@ RUN_EPILOG = f"""\
 examples:
   servematrix run matrix/cpu-smoke.toml                                    every stage, on a CPU
   servematrix run --select 'sglang>=0.5.12' --stages resolve,import,probe  pre-flight only: no GPU needed
+  servematrix run --fresh --jobs 3                                         3 environments' pre-flights at once
   servematrix run matrix/cpu-smoke.toml --rerun --report out/              run again, and write a report
   servematrix run matrix/h200-smoke.toml --backend existing --python PATH  serve from an existing install
   servematrix run matrix/h200-smoke.toml --backend image                   serve from sglang's own images

@@ -208,7 +208,7 @@ def run_pooled(
             shown.add(cell.id)
             progress.finished(cell, str(event["verdict"]))
         elif cell is not None and "line" in event:
-            progress.line(cell, str(event["line"]))
+            progress.note(cell, str(event["line"]))
 
     def done(job: _Job) -> None:
         del running[job.env_id]

@@ -142,9 +142,10 @@ RELAY_MARK = "servematrix-progress "
 _relay: list[IO[str]] = []  # where this process's events go, once `relay_to` is called (a job's stdout)
 
 
-def relay_to(stream: IO[str]) -> None:
-    """This process is a job of a concurrent run: its progress goes to `stream` as events, and no summary."""
-    _relay[:] = [stream]
+def relay_to(stream: IO[str] | None) -> None:
+    """This process is a job of a concurrent run: its progress goes to `stream` as events, and no summary
+    (None: shown here again)."""
+    _relay[:] = [stream] if stream is not None else []
 
 
 def relay(event: Mapping[str, Any]) -> bool:
@@ -260,6 +261,14 @@ class RunProgress:
             self._bar[0].advance(self._bar[1])
         else:
             self.line(cell, verdict)
+
+    def note(self, cell: Cell, what: str) -> None:
+        """What a cell's stage is doing (a job's heartbeat, run/pool.py): on the bar on a terminal, else a line."""
+        if self._bar is None:
+            self.line(cell, what)
+            return
+        progress, task = self._bar
+        progress.update(task, stage=f"{cell.id} {cell.env.version} {cell.mode}: {what}")
 
     def line(self, cell: Cell, what: str) -> None:
         if relay({"cell": cell.id, "line": what}):
