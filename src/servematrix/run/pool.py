@@ -69,6 +69,7 @@ PREFLIGHT_MEMORY = 3 * GIB
 DEFAULT_DISK_GB = 10.0  # one import check's install, for an engine whose data gives no `cost_gb`
 POLL_S = 0.2
 JOB_PATH_ENV = "SERVEMATRIX_JOB_PATH"  # this process's import path, for a job to import what it is handed
+OUTPUT_GRACE_S = 10.0  # a job's output read after its process ended, unless a program it left holds it open
 STOP_GRACE_S = 30.0  # a job stopping its programs (the load probe is given 10 s) before it is killed
 
 
@@ -163,6 +164,14 @@ class _Job:
     env_id: str
     process: subprocess.Popen[bytes]
     ended: bool = False  # its output is read to the end
+    exited: float | None = None  # when its process was seen ended
+
+    def finished(self) -> bool:
+        """Its process ended and its output is read; or, a while after, a program it left holds its output."""
+        if self.process.poll() is None:
+            return False
+        self.exited = self.exited or time.monotonic()
+        return self.ended or time.monotonic() - self.exited > OUTPUT_GRACE_S
 
 
 def run_pooled(
@@ -242,10 +251,11 @@ def run_pooled(
             with contextlib.suppress(queue.Empty):
                 env_id, line = lines.get(timeout=POLL_S)
                 if line is None:
-                    running[env_id].ended = True
+                    if env_id in running:
+                        running[env_id].ended = True
                 else:
                     show(env_id, line)
-            for ended in [j for j in running.values() if j.ended and j.process.poll() is not None]:
+            for ended in [j for j in running.values() if j.finished()]:
                 done(ended)
     except KeyboardInterrupt:
         stop([j.process for j in running.values()])
