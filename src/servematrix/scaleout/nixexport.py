@@ -63,6 +63,7 @@ __all__ = [
 ]
 
 FORMAT = 1
+_SDIST_ONLY = "an sdist only"  # a locked package the index has no wheel of
 DEFAULT_OUT = NIX_ENVS
 DEFAULT_BASE = "default"
 _BASE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -224,7 +225,7 @@ def select_wheels(
             if best is None or (rank, filename) < (best[0], best[1].filename):
                 best = (rank, wheel)
         if best is None:
-            kind = "an sdist only" if package.get("sdist") and not package.get("wheels") else "no compatible wheel"
+            kind = _SDIST_ONLY if package.get("sdist") and not package.get("wheels") else "no compatible wheel"
             problems.append(f"{name}=={version}: {kind} for {python_version}/{platform} (the Nix path installs wheels)")
             continue
         if best[1].sha256 not in hashes:
@@ -348,6 +349,7 @@ def export(
 ) -> Exported:
     envs, skipped = locked_environments(matrices, root=root, lock_dir=lock_dir)
     chosen: dict[str, list[Wheel]] = {}
+    not_exported: dict[str, str] = {}
     for env in envs:
         pins = parse_lock(env.lockfile.read_text(encoding="utf-8"))
         try:
@@ -358,7 +360,13 @@ def export(
                 platform=env.platform,
             )
         except ExportError as exc:
-            raise ExportError(f"{env.env_id} ({env.lock}):\n{exc}") from None
+            problems = str(exc).splitlines()
+            if not all(_SDIST_ONLY in p for p in problems):
+                raise ExportError(f"{env.env_id} ({env.lock}):\n{exc}") from None
+            # A lock that pins a package the index has as an sdist only (sglang 0.5.18-0.5.22's cuda-tile
+            # 1.6.0rc5, a placeholder) has no image here: listed with the reason, not a failed export.
+            not_exported[env.env_id] = f"{env.lock}: " + "; ".join(problems)
+    envs = [e for e in envs if e.env_id not in not_exported]
     placed = assign_bases((w.url for ws in chosen.values() for w in ws), bases or {})
     wheels: dict[str, dict[str, str]] = {}
     for ws in chosen.values():
@@ -374,6 +382,8 @@ def export(
         "wheel_bases": sorted({entry["base"] for entry in wheels.values()}),
         "wheels": wheels,
     }
+    if not_exported:
+        document["not_exported"] = dict(sorted(not_exported.items()))
     return Exported(document=document, skipped=skipped)
 
 
@@ -386,9 +396,10 @@ def check(document: Mapping, matrices: Sequence[Path], *, root: Path, lock_dir: 
     wheels = document.get("wheels", {})
     problems: list[str] = []
     expected_ids = {e.env_id for e in envs}
-    for env_id in sorted(expected_ids - set(recorded)):
+    not_exported = document.get("not_exported", {})
+    for env_id in sorted(expected_ids - set(recorded) - set(not_exported)):
         problems.append(f"{env_id}: locked, but not exported")
-    for env_id in sorted(set(recorded) - expected_ids):
+    for env_id in sorted((set(recorded) | set(not_exported)) - expected_ids):
         problems.append(f"{env_id}: exported, but no current lock in the matrices")
     for env in envs:
         entry = recorded.get(env.env_id)
@@ -450,9 +461,9 @@ def command(args: argparse.Namespace) -> int:
         return 0
     result = export(matrices, root=args.root, lock_dir=args.lock_dir, bases=args.bases, uv=args.uv)
     atomic_write(args.out, result.text)
-    for env_id, reason in result.skipped.items():
-        print(f"skipped {env_id}: {reason}", file=sys.stderr)
     document = result.document
+    for env_id, reason in [*result.skipped.items(), *document.get("not_exported", {}).items()]:
+        print(f"skipped {env_id}: {reason}", file=sys.stderr)
     print(
         f"wrote {args.out}: {len(document['environments'])} environment(s), {len(document['wheels'])} wheel(s), "
         f"bases {', '.join(document['wheel_bases']) or '-'}",

@@ -217,8 +217,13 @@ def test_committed_envs_json_has_every_locked_environment_of_the_product_matrix(
     document = json.loads((REPO / "nix" / "envs.json").read_text())
     locked, _ = nx.locked_environments([GLM5], root=REPO)
     assert locked, "the product matrix has locks"
+    not_exported = document.get("not_exported", {})
     for env in locked:
+        if env.env_id in not_exported:  # a package the index has as an sdist only: no image, with the reason
+            assert "an sdist only" in not_exported[env.env_id]
+            continue
         assert "matrix/glm5-nvfp4.toml" in document["environments"][env.env_id]["matrices"]
+    assert len(not_exported) < len(locked)
 
 
 def test_main_check_reports_stale_and_fresh(tmp_path, capsys):
@@ -400,3 +405,33 @@ def test_wheel_base_urls_never_reach_the_committed_flake_files():
                 if "://" in line:
                     assert "https://..." in line, f"{path}: only a placeholder URL may be committed: {line}"
     assert json.loads((REPO / "nix" / "wheel-bases.json").read_text()) == {}
+
+
+def test_a_lock_with_an_sdist_only_package_is_listed_not_exported_and_checks_clean():
+    """sglang 0.5.18-0.5.22 pin cuda-tile 1.6.0rc5, which the index has as a placeholder sdist only: the Nix path
+    (wheels only) has no image for those environments; the export lists them with the reason instead of failing,
+    and the check accepts them. Any other problem of a lock still fails the export."""
+    locked, _ = nx.locked_environments([GLM5], root=REPO)
+    placeholder = locked[0].env_id
+
+    def sdist_for_one(env, *, uv, timeout_s):
+        answer = fake_query(env, uv=uv, timeout_s=timeout_s)
+        if env.env_id == placeholder:
+            first = answer["packages"][0]
+            answer["packages"][0] = {"name": first["name"], "version": first["version"], "sdist": {"url": "x"}}
+        return answer
+
+    document = nx.export([GLM5], root=REPO, query=sdist_for_one).document
+    assert placeholder not in document["environments"]
+    assert "an sdist only" in document["not_exported"][placeholder]
+    assert nx.check(document, [GLM5], root=REPO) == []
+    del document["not_exported"]
+    assert f"{placeholder}: locked, but not exported" in nx.check(document, [GLM5], root=REPO)
+
+    def wrong_version(env, *, uv, timeout_s):
+        answer = fake_query(env, uv=uv, timeout_s=timeout_s)
+        answer["packages"][0]["version"] = "0.0.0"
+        return answer
+
+    with pytest.raises(nx.ExportError, match=r"uv answered 0\.0\.0"):
+        nx.export([GLM5], root=REPO, query=wrong_version)
