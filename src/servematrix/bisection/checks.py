@@ -258,7 +258,7 @@ class Checker:
         # The pipeline's own progress would interleave with the bisection's: its lines go nowhere.
         run_plan(plan, self.backend(plan, stages), options, console=Console(file=io.StringIO()))
         with Store(self.options.store) as store:
-            mine = {r["cell_id"]: r for r in store.all_rows() if r["run_id"] == run_id}
+            mine = {r.cell_id: r for r in store.all_rows() if r.run_id == run_id}
         results = tuple(
             _result(mine[c.id]) if c.id in mine else CellResult(mode=c.mode, cell_id=c.id, verdict="error:owned")
             for c in cells
@@ -375,11 +375,11 @@ def entry_inputs_hash(plan: Plan, cell: Cell, entry: str) -> str:
 
 def _result(row: Row) -> CellResult:
     return CellResult(
-        mode=row["mode"],
-        cell_id=row["cell_id"],
-        verdict=str(row.get("verdict") or ""),
-        excerpt=str(row.get("excerpt") or ""),
-        evidence=tuple(str(e) for e in row.get("evidence") or ()),
-        run_id=row["run_id"],
-        lock_file=row.get("lock_file"),
+        mode=row.mode,
+        cell_id=row.cell_id,
+        verdict=str(row.verdict or ""),
+        excerpt=str(row.excerpt or ""),
+        evidence=tuple(str(e) for e in row.evidence or ()),
+        run_id=row.run_id,
+        lock_file=row.lock_file,
     )

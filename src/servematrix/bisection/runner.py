@@ -196,12 +196,12 @@ def record_note(bisection: Bisection, store_path: Path, run_id: str) -> int:
     note = NOTE_PREFIX + bisection.note
     written = 0
     with Store(store_path) as store:
-        rows = {(r["run_id"], r["cell_id"]): r for r in store.all_rows()}
+        rows = {(r.run_id, r.cell_id): r for r in store.all_rows()}
         for cell in side.cells:
             row = rows.get((cell.run_id, cell.cell_id))
-            if row is None or failure_class(cell.verdict) is None or note in (row.get("evidence") or []):
+            if row is None or failure_class(cell.verdict) is None or note in (row.evidence or []):
                 continue  # no failure to explain, or a row this bisection already noted (a run read back)
             kept = {k: v for k, v in row.values.items() if k not in _NOT_COPIED}
-            store.record(**kept, run_id=run_id, evidence=[*(row.get("evidence") or []), note])
+            store.record(**kept, run_id=run_id, evidence=[*(row.evidence or []), note])
             written += 1
     return written

@@ -13,7 +13,6 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -56,19 +55,19 @@ class PinFix:
         )
 
 
-def package_fixes(row: Row | Mapping[str, Any]) -> list[PinFix]:
+def package_fixes(row: Row) -> list[PinFix]:
     """The package pins that fix this failed row, from its engine's signature data (none for a passing row)."""
-    kind, _, cls = str(row.get("verdict") or "").partition(":")
+    kind, _, cls = str(row.verdict or "").partition(":")
     if kind not in ("fail", "predicted-fail") or not cls:
         return []
     try:
-        signature = load_signatures(str(row.get("engine"))).get(cls)
+        signature = load_signatures(str(row.engine)).get(cls)
     except SignatureDataError:
         return []
     if signature is None:
         return []
-    said = "\n".join([*(str(e) for e in row.get("evidence") or ()), str(row.get("excerpt") or "")])
-    axes = {str(k): str(v) for k, v in (row.get("axes") or {}).items()}
+    said = "\n".join([*(str(e) for e in row.evidence or ()), str(row.excerpt or "")])
+    axes = {str(k): str(v) for k, v in (row.axes or {}).items()}
     return [
         _pin(fix, row, axes)
         for fix in signature.fix
@@ -86,15 +85,15 @@ def _axes_match(fix: PackageFix, axes: Mapping[str, str]) -> bool:
     return True
 
 
-def _pin(fix: PackageFix, row: Row | Mapping[str, Any], axes: Mapping[str, str]) -> PinFix:
+def _pin(fix: PackageFix, row: Row, axes: Mapping[str, str]) -> PinFix:
     select = [f"{axis}={axes[axis]}" for axis in fix.axes]
     return PinFix(
         package=fix.package,
         version=fix.version,
         why=fix.why,
-        matrix=str(row.get("matrix")),
+        matrix=str(row.matrix),
         has_axis=fix.package in axes,
-        listed=fix.version in _axis_values(str(row.get("matrix")), fix.package),
+        listed=fix.version in _axis_values(str(row.matrix), fix.package),
         select=(*select, f"{fix.package}={fix.version}"),
     )
 

@@ -81,10 +81,10 @@ def frames_of(row: Row) -> tuple[str, ...]:
     """The frames that decided a failure: the classifier's `frames:` evidence, then the excerpt's traceback lines
     (`file:line function`, the path's last parts only)."""
     found: list[str] = []
-    for line in row.get("evidence") or ():
+    for line in row.evidence or ():
         if str(line).startswith("frames: "):
             found += [f.strip() for f in str(line).removeprefix("frames: ").split(";") if f.strip()]
-    for match in _FILE_LINE.finditer(str(row.get("excerpt") or "")):
+    for match in _FILE_LINE.finditer(str(row.excerpt or "")):
         path = "/".join(match.group(1).split("/")[-3:])
         found.append(f"{path}:{match.group(2)} {match.group(3)}")
     return tuple(dict.fromkeys(found))
@@ -105,7 +105,7 @@ def flag_value(argv: Sequence[str], flag: str, aliases: Mapping[str, str]) -> st
 def error_line(row: Row, rules: Rules) -> tuple[Rule | None, str]:
     """The first rule whose error a line of the excerpt shows, with that line; else (None, the last exception-like
     line, for the refusal's text)."""
-    lines = [_TIMESTAMP.sub("", line.strip()) for line in str(row.get("excerpt") or "").splitlines() if line.strip()]
+    lines = [_TIMESTAMP.sub("", line.strip()) for line in str(row.excerpt or "").splitlines() if line.strip()]
     for rule in rules.rules:
         for line in lines:
             if rule.exception.search(line):
@@ -125,7 +125,7 @@ def judge(source: Row, target: Row, rules: Rules | None = None) -> Judgement:
     rules = rules or load_rules()
     frames = frames_of(source)
     rule, error = error_line(source, rules)
-    excerpt = str(source.get("excerpt") or "")
+    excerpt = str(source.excerpt or "")
 
     def refused(why: str) -> Judgement:
         return Judgement(rule=None, why=why, error=error, frames=frames)
@@ -141,11 +141,11 @@ def judge(source: Row, target: Row, rules: Rules | None = None) -> Judgement:
     if rule.frames and not any(p.search(f) for p in rule.frames for f in frames):
         return refused(f"its frames are not in the code rule {rule.id} covers")
     for axis in rule.axes:
-        if source["axes"].get(axis) != target["axes"].get(axis):
+        if source.axes.get(axis) != target.axes.get(axis):
             return refused(f"{axis} {source['axes'].get(axis)} there, {target['axes'].get(axis)} here")
     for flag in rule.flags:
-        there = flag_value(source.get("argv") or (), flag, rules.aliases)
-        here = flag_value(target.get("argv") or (), flag, rules.aliases)
+        there = flag_value(source.argv or (), flag, rules.aliases)
+        here = flag_value(target.argv or (), flag, rules.aliases)
         if there != here:
             return refused(
                 f"{flag} {there or '(unset)'} there, {here or '(unset)'} here: it chooses the code that raised"

@@ -51,46 +51,46 @@ Advise = Callable[[Sequence[Row]], Mapping[str, Sequence[Any]]]
 def derive(rows: Sequence[Row], *, advise: Advise | None = None, rules: Rules | None = None) -> dict[str, CellEvidence]:
     """cell id -> its evidence and the verdict it is shown with."""
     rules = rules or load_rules()
-    pieces: dict[str, list[Piece]] = {r["cell_id"]: [] for r in rows}
+    pieces: dict[str, list[Piece]] = {r.cell_id: [] for r in rows}
     observed = [r for r in rows if is_observed(r)]
     held = _releases_held(rows)
     # (architecture, engine, mode, release) a GPU observed: a release observed in a mode needs no nearby note
-    seen = {(architecture(str(r["matrix"])), r.get("engine"), r["mode"], release_of(r)) for r in observed}
+    seen = {(architecture(str(r.matrix)), r.engine, r.mode, release_of(r)) for r in observed}
     for source in observed:
-        arch = architecture(str(source["matrix"]))
+        arch = architecture(str(source.matrix))
         if not arch:
             continue
         release = release_of(source)
         for target in rows:
             if (
                 target is source
-                or target["mode"] != source["mode"]
-                or target["axes"].get("gpu") == source["axes"].get("gpu")
-                or architecture(str(target["matrix"])) != arch
+                or target.mode != source.mode
+                or target.axes.get("gpu") == source.axes.get("gpu")
+                or architecture(str(target.matrix)) != arch
             ):
                 continue
             mine = release_of(target)
             if mine == release:
-                pieces[target["cell_id"]].append(_sibling(source, target, rules))
+                pieces[target.cell_id].append(_sibling(source, target, rules))
             elif (
-                (arch, target.get("engine"), target["mode"], mine) not in seen
-                and release not in held.get(str(target["matrix"]), {}).get(target["mode"], ())
-                and mine in _nearest(release, held.get(str(target["matrix"]), {}).get(target["mode"], ()))
+                (arch, target.engine, target.mode, mine) not in seen
+                and release not in held.get(str(target.matrix), {}).get(target.mode, ())
+                and mine in _nearest(release, held.get(str(target.matrix), {}).get(target.mode, ()))
             ):
-                pieces[target["cell_id"]].append(_nearby(source, target))
-    not_applicable = {r["cell_id"] for r in rows if str(r.get("verdict") or "") == NOT_APPLICABLE}
+                pieces[target.cell_id].append(_nearby(source, target))
+    not_applicable = {r.cell_id for r in rows if str(r.verdict or "") == NOT_APPLICABLE}
     for cell_id, matches in (advise if advise is not None else advisory_matches)(rows).items():
         if cell_id in pieces and cell_id not in not_applicable:  # a mode the release lacks: nothing to warn of
             pieces[cell_id] += [_advisory(m) for m in matches]
     out = {}
     for row in rows:
-        found = _ordered(pieces[row["cell_id"]])
-        own = str(row.get("verdict") or "")
+        found = _ordered(pieces[row.cell_id])
+        own = str(row.verdict or "")
         verdict = own
         predicting = next((p for p in found if p.stance == "predicts-fail" and p.cls), None)
         if own == OPEN and predicting is not None:
             verdict = f"predicted-fail:{predicting.cls}"
-        out[row["cell_id"]] = CellEvidence(cell_id=row["cell_id"], own_verdict=own, verdict=verdict, pieces=found)
+        out[row.cell_id] = CellEvidence(cell_id=row.cell_id, own_verdict=own, verdict=verdict, pieces=found)
     return out
 
 
@@ -98,43 +98,44 @@ def apply(rows: Sequence[Row], derived: Mapping[str, CellEvidence] | None = None
     """The rows as the report shows them: each a copy with its shown verdict, its pieces' lines first in its
     evidence, `evidence_model` (its pieces, as dicts) and, where the verdict was derived, `own_verdict`. Rows
     that carry `evidence_model` already are returned as they are (applied once)."""
-    if rows and all(r.get("evidence_model") is not None for r in rows):
-        return [r if isinstance(r, Row) else Row.of(r) for r in rows]
+    rows = [r if isinstance(r, Row) else Row.of(r) for r in rows]  # a caller's mappings (tests) become rows
+    if rows and all(r.evidence_model is not None for r in rows):
+        return rows
     derived = derived if derived is not None else derive(rows)
     out: list[Row] = []
     for row in rows:
-        found = derived.get(row["cell_id"])
-        shown = dict(row.values if isinstance(row, Row) else row)
+        found = derived.get(row.cell_id)
+        shown = dict(row.values)
         shown["evidence_model"] = [p.to_dict() for p in found.pieces] if found else []
         if found is not None:
-            shown["evidence"] = [p.text for p in found.pieces] + list(row.get("evidence") or [])
+            shown["evidence"] = [p.text for p in found.pieces] + list(row.evidence or [])
             if found.changed:
                 shown["verdict"] = found.verdict
                 shown["own_verdict"] = found.own_verdict
-        out.append(Row.of(shown))  # a mapping given (a test, a caller's own rows) comes back a Row
+        out.append(Row.of(shown))
     return out
 
 
 def pieces_of(row: Row) -> tuple[Piece, ...]:
     """An applied row's pieces (`apply`), as `Piece`s again."""
-    return tuple(Piece(**{**p, "frames": tuple(p.get("frames") or ())}) for p in row.get("evidence_model") or () if p)
+    return tuple(Piece(**{**p, "frames": tuple(p.get("frames") or ())}) for p in row.evidence_model or () if p)
 
 
 def is_observed(row: Row) -> bool:
     """Served on a GPU: a pass, or a failure, of a run on a host with a GPU (not a CPU pre-flight's verdict)."""
-    verdict = str(row.get("verdict") or "")
-    host = row.get("host") or {}
+    verdict = str(row.verdict or "")
+    host = row.host or {}
     return (verdict == "pass" or verdict.startswith("fail:")) and bool(host.get("gpus") or host.get("gpu_sku"))
 
 
 def release_of(row: Row) -> str:
     """The engine's release: the axis named after the engine (`sglang`)."""
-    return str(row["axes"].get(str(row.get("engine") or ""), ""))
+    return str(row.axes.get(str(row.engine or ""), ""))
 
 
 def gpu_label(row: Row) -> str:
     """The GPU kind of a row as a reader knows it (`gpu_name`)."""
-    return gpu_name(str(row.get("matrix") or ""), str(row["axes"].get("gpu", "")))
+    return gpu_name(str(row.matrix or ""), str(row.axes.get("gpu", "")))
 
 
 @functools.cache
@@ -182,8 +183,8 @@ def _releases_held(rows: Iterable[Row]) -> dict[str, dict[str, set[str]]]:
     """matrix -> mode -> the releases it holds in that mode (a cell the release has: not `not-applicable`)."""
     held: dict[str, dict[str, set[str]]] = {}
     for row in rows:
-        if str(row.get("verdict") or "") != NOT_APPLICABLE:
-            held.setdefault(str(row["matrix"]), {}).setdefault(row["mode"], set()).add(release_of(row))
+        if str(row.verdict or "") != NOT_APPLICABLE:
+            held.setdefault(str(row.matrix), {}).setdefault(row.mode, set()).add(release_of(row))
     return held
 
 
@@ -207,28 +208,28 @@ def _where(source: Row) -> str:
 
 
 def _seen(source: Row) -> str:
-    engine = str(source.get("engine") or "")
-    verb = "served" if source["verdict"] == "pass" else "failed"
+    engine = str(source.engine or "")
+    verb = "served" if source.verdict == "pass" else "failed"
     return f"{source['mode']} {verb} on {gpu_label(source)} with {engine} {release_of(source)}".strip()
 
 
 def _sibling(source: Row, target: Row, rules: Rules) -> Piece:
     common = {
         "kind": "sibling",
-        "source": source["cell_id"],
-        "gpu": str(source["axes"].get("gpu", "")),
-        "matrix": str(source["matrix"]),
+        "source": source.cell_id,
+        "gpu": str(source.axes.get("gpu", "")),
+        "matrix": str(source.matrix),
         "release": release_of(source),
     }
     headline = f"{_seen(source)} (cell {source['cell_id']})"
-    if source["verdict"] == "pass":
+    if source.verdict == "pass":
         return Piece(
             stance="supports",
             text=f"supports: {_seen(source)} ({_where(source)}), {architecture(str(source['matrix']))}",
             headline=headline,
             **common,  # type: ignore[arg-type]
         )
-    cls = str(source["verdict"]).partition(":")[2] or None
+    cls = str(source.verdict).partition(":")[2] or None
     found = judge(source, target, rules)
     frames = found.frames[:2]
     at = f" at {'; '.join(frames)}" if frames else ""
@@ -258,16 +259,16 @@ def _sibling(source: Row, target: Row, rules: Rules) -> Piece:
 
 
 def _nearby(source: Row, target: Row) -> Piece:
-    engine = str(source.get("engine") or "")
+    engine = str(source.engine or "")
     unseen = f"{engine} {release_of(target)} not yet observed in {target['mode']}"
     common = {
         "kind": "nearby",
-        "source": source["cell_id"],
-        "gpu": str(source["axes"].get("gpu", "")),
-        "matrix": str(source["matrix"]),
+        "source": source.cell_id,
+        "gpu": str(source.axes.get("gpu", "")),
+        "matrix": str(source.matrix),
         "release": release_of(source),
     }
-    if source["verdict"] == "pass":
+    if source.verdict == "pass":
         return Piece(
             stance="supports",
             text=f"nearby release: {_seen(source)} ({_where(source)}); {unseen}",
@@ -278,7 +279,7 @@ def _nearby(source: Row, target: Row) -> Piece:
     error = _error(source)
     return Piece(
         stance="at-risk",
-        cls=str(source["verdict"]).partition(":")[2] or None,
+        cls=str(source.verdict).partition(":")[2] or None,
         frames=frames,
         text=f"at-risk: {_seen(source)} ({_where(source)}){': ' + _short(error) if error else ''}; {unseen}",
         headline=f"{_seen(source)} (cell {source['cell_id']}); {release_of(target)} not yet observed",
@@ -336,7 +337,7 @@ def advisory_matches(rows: Sequence[Row]) -> dict[str, tuple[Any, ...]]:
     here; for a matrix that cannot be planned here, none: the rows are the record."""
     advisories = load_advisories()
     out: dict[str, tuple[Any, ...]] = {}
-    for matrix in sorted({str(r["matrix"]) for r in rows}):
+    for matrix in sorted({str(r.matrix) for r in rows}):
         try:
             # Expanded from the spec alone, as `report.site.moved_cells` does: no engine hooks run for a report,
             # and a plan's warnings belong to `plan`. `facts_for` reads the plan's spec.
@@ -348,10 +349,10 @@ def advisory_matches(rows: Sequence[Row]) -> dict[str, tuple[Any, ...]]:
         cells = {c.id: c for c in plan.cells}
         lock_dir = Path(matrix).parent / "locks"
         for row in rows:
-            cell = cells.get(row["cell_id"]) if str(row["matrix"]) == matrix else None
+            cell = cells.get(row.cell_id) if str(row.matrix) == matrix else None
             if cell is None:
                 continue
             found = tuple(match(advisories, facts_for(plan, cell, lock_dir)))  # type: ignore[arg-type]
             if found:
-                out[row["cell_id"]] = found
+                out[row.cell_id] = found
     return out

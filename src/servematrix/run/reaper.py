@@ -26,7 +26,7 @@ def reap_orphans(store: Store) -> list[int]:
     killed: list[int] = []
     here = hostinfo.host().hostname
     for row in store.running():
-        hostname = (row.host or {}).get("hostname")
+        hostname = row.on_host.hostname
         if hostname not in (None, here):
             continue  # a row merged from another machine: its pids mean nothing here
         owner = row.harness_pid

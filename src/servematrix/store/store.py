@@ -73,8 +73,7 @@ class Claim:
 
 def harness_alive(row: Row, hostname: str) -> bool:
     """Whether the harness that wrote a running row is still running it (on this host, not a reused pid)."""
-    host = row.host or {}
-    if host.get("hostname") not in (None, hostname):
+    if row.on_host.hostname not in (None, hostname):
         return False  # a row merged from another machine: its pids mean nothing here
     pid = row.harness_pid
     if not pid:

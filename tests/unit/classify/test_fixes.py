@@ -12,20 +12,22 @@ from servematrix.store.rowschema import Row
 EVIDENCE = "kernels (imported by transformers), ValueError: Either a revision or a version must be specified."
 
 
-def row(sglang: str = "0.5.12", matrix: str = "matrix/glm5-nvfp4.toml", **axes: str) -> dict:
-    return {
-        "run_id": "r1",
-        "cell_id": f"c{sglang.replace('.', '')}{''.join(axes.values()).replace('.', '')}",
-        "env_id": "e1",
-        "engine": "sglang",
-        "mode": "baseline",
-        "matrix": matrix,
-        "axes": {"sglang": sglang, "torch": "pinned", "gpu": "b200", **axes},
-        "verdict": "predicted-fail:import-dependency-conflict",
-        "evidence": [f"import check: fail import-dependency-conflict: {EVIDENCE}"],
-        "excerpt": "ValueError: Either a revision or a version must be specified.",
-        "finished_at": "2026-12-04T00:00:00+00:00",
-    }
+def row(sglang: str = "0.5.12", matrix: str = "matrix/glm5-nvfp4.toml", **axes: str) -> Row:
+    return Row.of(
+        {
+            "run_id": "r1",
+            "cell_id": f"c{sglang.replace('.', '')}{''.join(axes.values()).replace('.', '')}",
+            "env_id": "e1",
+            "engine": "sglang",
+            "mode": "baseline",
+            "matrix": matrix,
+            "axes": {"sglang": sglang, "torch": "pinned", "gpu": "b200", **axes},
+            "verdict": "predicted-fail:import-dependency-conflict",
+            "evidence": [f"import check: fail import-dependency-conflict: {EVIDENCE}"],
+            "excerpt": "ValueError: Either a revision or a version must be specified.",
+            "finished_at": "2026-12-04T00:00:00+00:00",
+        }
+    )
 
 
 def test_sglang_0512_import_break_is_fixed_by_kernels_0141():
@@ -39,8 +41,8 @@ def test_sglang_0512_import_break_is_fixed_by_kernels_0141():
 def test_no_pin_where_the_release_pins_it_or_the_cell_already_has_it():
     assert package_fixes(row(sglang="0.5.14")) == []  # pins kernels<0.15 itself
     assert package_fixes(row(kernels="0.14.1")) == []
-    assert package_fixes({**row(), "verdict": "pass"}) == []
-    assert package_fixes({**row(), "evidence": [], "excerpt": "ValueError: something else"}) == []
+    assert package_fixes(row().replace(verdict="pass")) == []
+    assert package_fixes(row().replace(evidence=[], excerpt="ValueError: something else")) == []
 
 
 def test_a_matrix_with_the_package_axis_needs_only_the_version(tmp_path, monkeypatch):
@@ -55,7 +57,7 @@ def test_a_matrix_with_the_package_axis_needs_only_the_version(tmp_path, monkeyp
 
 
 def test_the_failure_page_names_the_pin_and_the_command(tmp_path: Path):
-    rows = [Row.of(row()), Row.of(row(sglang="0.5.14"))]
+    rows = [row(), row(sglang="0.5.14")]
     write_failure_pages(failure_classes(rows), rows, tmp_path)
     page = (tmp_path / "import-dependency-conflict.md").read_text(encoding="utf-8")
     fixes = page[page.index("## Fixes that are packages") : page.index("## Cells that failed with it")]

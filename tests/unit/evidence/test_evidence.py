@@ -42,23 +42,25 @@ def matrices(tmp_path: Path) -> dict[str, str]:
     return out
 
 
-def _row(cell: str, matrix: str, gpu: str, mode: str, verdict: str, sglang: str = "0.5.12", **extra: object) -> dict:
-    return {
-        "cell_id": cell,
-        "env_id": f"env-{cell}",
-        "engine": "sglang",
-        "matrix": matrix,
-        "mode": mode,
-        "verdict": verdict,
-        "axes": {"sglang": sglang, "torch": "pinned", "flashinfer": "pinned", "gpu": gpu},
-        "argv": ["python", "-m", "sglang.launch_server"],
-        "evidence": [],
-        "excerpt": "",
-        **extra,
-    }
+def _row(cell: str, matrix: str, gpu: str, mode: str, verdict: str, sglang: str = "0.5.12", **extra: object) -> Row:
+    return Row.of(
+        {
+            "cell_id": cell,
+            "env_id": f"env-{cell}",
+            "engine": "sglang",
+            "matrix": matrix,
+            "mode": mode,
+            "verdict": verdict,
+            "axes": {"sglang": sglang, "torch": "pinned", "flashinfer": "pinned", "gpu": gpu},
+            "argv": ["python", "-m", "sglang.launch_server"],
+            "evidence": [],
+            "excerpt": "",
+            **extra,
+        }
+    )
 
 
-def _failed(cell: str, matrix: str, excerpt: str, **extra: object) -> dict:
+def _failed(cell: str, matrix: str, excerpt: str, **extra: object) -> Row:
     return _row(cell, matrix, "h200", "breakable", "fail:graph-capture-failed", excerpt=excerpt, host=GPU_HOST, **extra)
 
 
@@ -255,10 +257,8 @@ def test_an_advisory_predicts_or_marks_and_is_cited(matrices):
 
 def test_apply_shows_the_derived_verdict_and_keeps_the_own_one(matrices):
     source = _failed("src", matrices["lane"], OP_SCHEMA)
-    target = Row.of(_row("tgt", matrices["product"], "b200", "breakable", "skipped:no-gpu", evidence=["load: x"]))
-    shown = {
-        r["cell_id"]: r for r in apply([Row.of(source), target], derive([source, target.values], advise=lambda r: {}))
-    }
+    target = _row("tgt", matrices["product"], "b200", "breakable", "skipped:no-gpu", evidence=["load: x"])
+    shown = {r["cell_id"]: r for r in apply([source, target], derive([source, target], advise=lambda r: {}))}
     assert isinstance(shown["tgt"], Row)
     assert shown["tgt"]["verdict"] == "predicted-fail:graph-capture-failed"
     assert shown["tgt"]["own_verdict"] == "skipped:no-gpu"
