@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from servematrix.formats.verdict import observed, unserved
-from servematrix.records.published import SCHEMA, PublishedCell, cell_problem
+from servematrix.records.published import SCHEMA, Previous, PublishedCell, cell_problem
 from servematrix.stages import bench
 from servematrix.store.redact import bounded_evidence, bounded_excerpt
 from servematrix.store.rowschema import COLUMNS, Row, row_problem
@@ -113,7 +113,7 @@ def export_results(
         entry["excerpt"] = bounded_excerpt(scrub_host_paths(str(row.excerpt or ""))) or row.excerpt
         entry["evidence"] = [scrub_host_paths(str(e)) for e in bounded_evidence(row.evidence or [])]
         reference = _reference(row, previous)
-        entry["previous"] = _summary(reference) if reference else None
+        entry["previous"] = reference.model_dump(exclude_unset=True) if reference is not None else None
         cells[row.cell_id] = entry
     return {"schema": SCHEMA, "cells": cells}
 
@@ -215,30 +215,32 @@ def _trim_metrics(metrics: Mapping[str, Any] | None, root: Path) -> dict[str, An
     return trimmed
 
 
-def _summary(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """What a comparison needs of a published cell: its run, verdict and throughput spreads."""
-    if "tok_s" in entry:  # already a summary (carried over from an earlier render)
-        return dict(entry)
-    return {
-        "run_id": entry.get("run_id"),
-        "finished_at": entry.get("finished_at"),
-        "verdict": entry.get("verdict"),
-        "tok_s": {str(c): s for c, s in spreads(entry.get("metrics")).items()},
-        "ttft_s": {str(c): s for c, s in ttft_spreads(entry.get("metrics")).items()},
-        "workload": workload_of(entry),
-    }
+def _summary(entry: Mapping[str, Any]) -> Previous:
+    """What a comparison needs of a published cell: its run, verdict and figure spreads. A summary carried over
+    from an earlier render is kept as it was written (unvalidated: it was read with the record)."""
+    if "tok_s" in entry:  # already a summary
+        return Previous.model_construct(**entry)
+    cell = PublishedCell.model_construct(**entry)
+    return Previous.model_construct(
+        run_id=cell.run_id,
+        finished_at=cell.finished_at,
+        verdict=cell.verdict,
+        tok_s={str(c): s for c, s in spreads(cell.metrics).items()},
+        ttft_s={str(c): s for c, s in ttft_spreads(cell.metrics).items()},
+        workload=workload_of(cell.metrics),
+    )
 
 
-def workload_of(entry: Row | Mapping[str, Any]) -> Any:
-    """The benchmark workload a published cell or a row was measured with (a summary keeps it), or None
-    where it is not recorded (an older record)."""
-    if not isinstance(entry, Row) and "tok_s" in entry:
-        return entry.get("workload")
-    metrics = entry.get("metrics")
+def workload_of(result: Row | Previous | Mapping[str, Any] | None) -> Any:
+    """The benchmark workload a row, a comparison summary or a bench report was measured with, or None where it
+    is not recorded (an older record)."""
+    if isinstance(result, Previous):
+        return result.workload
+    metrics = result.metrics if isinstance(result, Row) else result
     return metrics.get("workload") if isinstance(metrics, Mapping) else None
 
 
-def same_workload(a: Row | Mapping[str, Any], b: Row | Mapping[str, Any]) -> bool:
+def same_workload(a: Row | Previous, b: Row | Previous) -> bool:
     """Whether two results were measured alike: two matrices that differ only in their workload share cell
     ids, and one's figures are never the other's regression. Unknown on either side counts as alike."""
     first, second = workload_of(a), workload_of(b)
@@ -271,23 +273,22 @@ def ttft_spreads(metrics: Mapping[str, Any] | None) -> dict[int, dict[str, float
     return out
 
 
-def _reference(row: Row, previous: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The published result this row is compared with: the published cell, or, when the record already holds
-    this very run, what that run was compared with."""
+def _reference(row: Row, previous: Mapping[str, Any] | None) -> Previous | None:
+    """What this row is compared with, summarised: the published cell, or, when the record already holds this
+    very run, what that run was compared with."""
     if not previous:
         return None
     entry = previous.get("cells", {}).get(row.cell_id)
     if entry is None:
         return None
-    if entry.get("run_id") == row.run_id:
-        return entry.get("previous")
-    return entry
+    if PublishedCell.model_construct(**entry).run_id == row.run_id:
+        carried = PublishedCell.model_construct(**entry).previous
+        return _summary(carried) if isinstance(carried, Mapping) and carried else None
+    return _summary(entry)
 
 
-def _reference_spreads(reference: Mapping[str, Any], key: str = "tok_s") -> dict[int, dict[str, float]]:
-    if "tok_s" in reference:  # a comparison summary
-        return {int(c): s for c, s in (reference.get(key) or {}).items()}
-    return (spreads if key == "tok_s" else ttft_spreads)(reference.get("metrics"))
+def _reference_spreads(reference: Previous, key: str = "tok_s") -> dict[int, dict[str, float]]:
+    return {int(c): dict(s) for c, s in (getattr(reference, key) or {}).items()}
 
 
 def _kind(verdict: str | None) -> str:
@@ -310,7 +311,7 @@ def detect_regressions(
         reference = _reference(row, previous_export)
         if reference is None:
             continue
-        before, after = str(reference.get("verdict") or ""), str(row.verdict or "")
+        before, after = str(reference.verdict or ""), str(row.verdict or "")
         common: dict[str, Any] = {
             "cell_id": row.cell_id,
             "matrix": row.matrix,
