@@ -22,8 +22,9 @@ _SHOWN = {"column": False}
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Row:
-    """One cell run. Mapping-style `row["key"]` and `row.get("key")` read the given columns only (as the plain
-    mapping a row once was); readers use the attributes."""
+    """One cell run. Readers use the attributes. Mapping-style `row["key"]` and `row.get("key")` read the given
+    columns only, as the plain mapping a row once was: kept for the readers not yet moved to attributes
+    (run/pipeline.py, run/packing.py, run/reuse.py, cli.py) and for `stages/naming.py`, which takes a mapping."""
 
     run_id: str = ""
     cell_id: str = ""
