@@ -128,6 +128,14 @@ def hook_code(engine: Engine) -> dict[str, StageCode]:
 
 
 def _lock_body(lockfile: Path) -> bytes:
+    stat = lockfile.stat()
+    return _lock_body_of(lockfile, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _lock_body_of(lockfile: Path, _mtime_ns: int, _size: int) -> bytes:
+    """A lock's bytes without its comment lines, read once per (path, mtime, size): a run asks for each cell's
+    keys several times, and a lock is shared by an environment's cells (a lock of 4,000 lines)."""
     return b"".join(line for line in lockfile.read_bytes().splitlines(keepends=True) if not line.startswith(b"#"))
 
 
@@ -369,11 +377,18 @@ class Reuse:
     fresh: bool = False
     _rows: dict[str, Mapping[str, Any]] | None = field(default=None, repr=False)
     _code: dict[str, StageCode] | None = field(default=None, repr=False)
+    _keys: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
 
     def keys_for(self, cell: Cell) -> dict[str, str]:
         if self._code is None:  # read once a run: the engine's files do not change under it
             self._code = hook_code(self.plan.spec.engine)
-        return stage_keys(self.plan, cell, self.stages, self.lock_dir, self._code)
+        # Asked several times a cell (plan, replay, record); a lock the run writes changes the resolve key, so
+        # a key is kept only while the cell's lock is the one it was computed from.
+        lockfile = self.lock_dir / f"{cell.env_id}.lock.txt"
+        stamp = f"{cell.id}:{lockfile.stat().st_mtime_ns if lockfile.exists() else 0}"
+        if stamp not in self._keys:
+            self._keys[stamp] = stage_keys(self.plan, cell, self.stages, self.lock_dir, self._code)
+        return dict(self._keys[stamp])
 
     def hash_for(self, cell: Cell) -> str:
         return keys_hash(self.keys_for(cell))
