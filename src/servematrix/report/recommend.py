@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from servematrix.classify.placeholder import placeholder_fault
 from servematrix.engines import load_engine
 from servematrix.evidence import apply as apply_evidence
 from servematrix.evidence.derive import gpu_label, gpu_name, pieces_of, release_of
@@ -96,6 +97,7 @@ class Recommendation:
     failing: tuple[Neighbour, ...]
     held: tuple[Stack, ...] = ()  # not failing, but evidence against it: never a pick
     causes: tuple[Cause, ...] = ()
+    undecided: tuple[tuple[str, str], ...] = ()  # (why, release) of each cell whose check could not run (an error)
 
     @property
     def picks(self) -> tuple[Stack, ...]:
@@ -123,7 +125,32 @@ def _status(row: Row) -> str:
         return "open"
     if verdict.split(":")[0] in FAILING:
         return "fail"
-    return "other"  # not applicable, errors, interrupted: neither a recommendation nor a failure
+    if verdict.startswith("error:"):
+        return "error"  # the check could not run: neither a recommendation nor a failure, but said
+    return "other"  # not applicable, interrupted: neither a recommendation nor a failure
+
+
+def _undecided_why(row: Row) -> str:
+    """Why a cell's check could not run, in one line: a placeholder pin (the same for every host that reaches
+    only the index), else the error's verdict."""
+    found = placeholder_fault(str(row.excerpt or ""))
+    if found is not None:
+        return (
+            f"the lock pins {found.name} {found.version}, a placeholder sdist the index has no wheel of; "
+            f"a host that reaches {found.index} decides them with --fresh"
+        )
+    return str(row.verdict)
+
+
+def _undecided_summary(undecided: Sequence[tuple[str, str]]) -> list[str]:
+    """Cells whose check could not run, grouped by why: how many, and which releases."""
+    groups: dict[str, list[str]] = {}
+    for why, release in undecided:
+        groups.setdefault(why, []).append(release)
+    return [
+        f"{len(releases)} cell(s) ({', '.join(sorted(set(releases), key=version_key))}): {why}"
+        for why, releases in groups.items()
+    ]
 
 
 def _changes(row: Row, other: Row) -> list[str]:
@@ -212,6 +239,7 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
                     changes=tuple(_changes(row, best)) if best else (),
                 )
             )
+        undecided = tuple((_undecided_why(r), release_of(r)) for r in mine if _status(r) == "error")
         out.append(
             Recommendation(
                 matrix=matrix,
@@ -220,6 +248,7 @@ def recommend(rows: Sequence[Row]) -> list[Recommendation]:
                 failing=tuple(failing),
                 held=tuple(held),
                 causes=_causes(failing),
+                undecided=undecided,
             )
         )
     return out
@@ -479,6 +508,9 @@ def render_text(recommendations: Sequence[Recommendation], rows: Sequence[Row], 
                 lines += [f"    - {s.words}: {'; '.join(s.against)}" for s in rec.held]
             else:
                 lines += [f"    - {line}" for line in _held_summary(rec.held)]
+        if rec.undecided:
+            lines.append("  not decided here (the check could not run):")
+            lines += [f"    - {line}" for line in _undecided_summary(rec.undecided)]
         if rec.failing:
             lines.append(f"  failing: {len(rec.failing)} cell(s), by cause -> the nearest fix")
             for cause in rec.causes:
@@ -539,6 +571,10 @@ def render_markdown(rows: Sequence[Row]) -> str:
                 folded.append(f"Held back, evidence against them ({len(rec.held)}):\n")
                 folded += [f"- {text(s.words)}: {text('; '.join(s.against))}" for s in rec.held]
                 folded.append("")
+            if rec.undecided:
+                folded.append(f"Not decided here ({len(rec.undecided)}): the check could not run\n")
+                folded += [f"- {text(line)}" for line in _undecided_summary(rec.undecided)]
+                folded.append("")
             if rec.failing:
                 folded.append(f"Failing ({len(rec.failing)}), by cause, and the nearest cell that is not failing:\n")
                 for cause in rec.causes:
@@ -547,8 +583,9 @@ def render_markdown(rows: Sequence[Row]) -> str:
                 folded.append("")
             if folded:
                 lines.append(
-                    f'\n<details markdown="1"><summary>{len(rec.held)} held back, {len(rec.failing)} failing: '
-                    "why, and the fix</summary>\n"
+                    f'\n<details markdown="1"><summary>{len(rec.held)} held back, {len(rec.failing)} failing'
+                    + (f", {len(rec.undecided)} not decided" if rec.undecided else "")
+                    + ": why, and the fix</summary>\n"
                 )
                 lines += folded
                 lines.append("</details>\n")

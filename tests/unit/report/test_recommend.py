@@ -157,3 +157,24 @@ def test_the_product_answer_fits_one_screen(capsys):
     assert out.index("NVIDIA B200 (b200, matrix/glm5-nvfp4.toml):") < out.index("failing:")
     assert main(["recommend", "--all", "matrix/glm5-nvfp4.toml"]) == 0
     assert len(capsys.readouterr().out.splitlines()) > 60
+
+
+def test_cells_whose_check_could_not_run_are_said_by_cause_never_picked_nor_failing():
+    """sglang 0.5.18's lock pins a placeholder sdist (the real uv output): its cells are neither a pick nor a
+    failure, and the answer says how many, which releases and why, instead of leaving them out silently."""
+    from pathlib import Path
+
+    from servematrix.report.recommend import render_text
+
+    stub = (Path(__file__).parents[2] / "fixtures" / "logs" / "uv-install-wheel-stub-cuda-tile.txt").read_text()
+    placeholder = {**_row("h", "baseline", "error:import-check", sglang="0.5.18"), "excerpt": stub, "engine": "sglang"}
+    host = {**_row("i", "baseline", "error:import-check", sglang="0.5.19"), "excerpt": "timed out", "engine": "sglang"}
+    rows = [Row.of(r) for r in [*ROWS, placeholder, host]]
+    (rec,) = recommend(rows)
+    assert {"h", "i"}.isdisjoint({s.cell_id for s in (*rec.stacks, *rec.held)} | {n.cell_id for n in rec.failing})
+    assert sorted(release for _, release in rec.undecided) == ["0.5.18", "0.5.19"]
+    text = render_text([rec], rows)
+    assert "not decided here" in text
+    assert "1 cell(s) (0.5.18): the lock pins cuda-tile 1.6.0rc5, a placeholder sdist" in text
+    assert "1 cell(s) (0.5.19): error:import-check" in text
+    assert ", 2 not decided: why" in render_markdown(rows)
