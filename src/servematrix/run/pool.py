@@ -109,8 +109,11 @@ def envs_to_pool(
     but: Collection[str] = (),
 ) -> dict[str, Sequence[Cell]]:
     """The environments of `todo` whose pre-flights run side by side (env id -> its cells), or none: with
-    `jobs` above 1, those this host does not serve (nor packs, `but`) with a cell to decide, two or more."""
-    if options.jobs < 2:
+    `jobs` above 1 and the import check among the stages, those this host does not serve (nor packs, `but`)
+    with a cell to decide, two or more. Without the import check nothing heavy runs (the load pre-flight runs
+    in the lock the import check installs), and each job would find out for itself what the run learns once
+    (an index-less host: one pip attempt a job instead of one a run)."""
+    if options.jobs < 2 or "import" not in options.stages:
         return {}
     wanted: dict[str, Sequence[Cell]] = {}
     for env_id, cells in todo.items():

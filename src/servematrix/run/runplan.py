@@ -201,7 +201,7 @@ def planned_work(plan: Plan, options: RunOptions) -> Work:
     if probed and hooks.preamble is not None:
         notes = hooks.preamble(probed, engine, options.workdir / "cache")
     unserved = {c.env_id for c in to_run if c.applicable and not (gpu_ready(c.env) and "build" in options.stages)}
-    if options.jobs > 1 and len(unserved) > 1:  # run/pool.py (which also leaves out environments all reused)
+    if options.jobs > 1 and "import" in options.stages and len(unserved) > 1:  # run/pool.py (envs_to_pool)
         notes = [
             *notes,
             f"pre-flight: up to {min(options.jobs, len(unserved))} of {len(unserved)} environment(s) at once, each in "
