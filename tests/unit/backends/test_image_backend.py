@@ -147,6 +147,7 @@ def test_the_repo_digest_of_the_images_own_repository_is_named():
 
 
 def test_an_image_verdict_never_replaces_nor_regresses_what_serving_observed():
+    from servematrix.records.row import Row
     from servematrix.report.publish import merge_published
     from servematrix.report.regressions import detect_regressions
 
@@ -154,9 +155,9 @@ def test_an_image_verdict_never_replaces_nor_regresses_what_serving_observed():
                 "axes": {"gpu": "h200"}, "verdict": "pass", "finished_at": "2026-12-01T00:00:00+00:00"}  # fmt: skip
     for text in ("skipped:not-in-image", "skipped:no-image"):
         refused = {**observed, "run_id": "image", "verdict": text, "finished_at": "2026-12-03T00:00:00+00:00"}
-        merged = merge_published({"cells": {"c": observed}}, [refused])
-        assert merged.kept_observed == 1 and merged.rows[0]["verdict"] == "pass"
-        assert detect_regressions([refused], {"cells": {"c": observed}}) == []
+        merged = merge_published({"cells": {"c": observed}}, [Row.of(refused)])
+        assert merged.kept_observed == 1 and merged.rows[0].verdict == "pass"
+        assert detect_regressions([Row.of(refused)], {"cells": {"c": observed}}) == []
 
 
 def test_only_errors_and_skips_say_an_environment_was_unavailable():
