@@ -126,7 +126,14 @@ def test_include_adds_an_environment(write_matrix):
 def test_select_expressions():
     plan = make_plan(GLM5, ["sglang>=0.5.10,<0.5.14", "mode=piecewise", "gpu=b200"])
     assert plan.cells
-    assert {c.env.axes["sglang"] for c in plan.cells} == {"0.5.10", "0.5.12"}
+    assert {c.env.axes["sglang"] for c in plan.cells} == {
+        "0.5.10",
+        "0.5.10.post1",
+        "0.5.11",
+        "0.5.12",
+        "0.5.12.post1",
+        "0.5.13",
+    }
     assert {c.mode for c in plan.cells} == {"piecewise"}
     both = make_plan(GLM5, ["gpu=b200|rtx-pro-6000", "sglang=0.5.9"])
     assert {c.env.axes["gpu"] for c in both.cells} == {"b200", "rtx-pro-6000"}
