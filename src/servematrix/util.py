@@ -8,6 +8,7 @@ Standard library only, and nothing from servematrix: any module may import it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
 import shutil
@@ -218,6 +219,19 @@ class VenvInstall:
         text = self.run.stderr if self.run is not None else ""
         last = (text.strip().splitlines() or ["(no output)"])[-1]
         return f"`{' '.join(self.failed[:words])}` failed: {last}"
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file `path` (created, and its folder) for the block, across the processes of this
+    host; waits for it. Closing the file releases it, also when the process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def install_venv(

@@ -14,8 +14,6 @@ it.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import glob
 import hashlib
 import json
@@ -23,14 +21,14 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from servematrix.backends import BuildInput, Built, HostProcesses, LaunchSpec
-from servematrix.util import install_venv, lock_requirements, log_tail, uv_env
+from servematrix.util import exclusive, install_venv, lock_requirements, log_tail, uv_env
 
 MARKER = "servematrix-env.json"
 
@@ -49,7 +47,7 @@ class VenvBackend(HostProcesses):
     def build(self, request: BuildInput, log_path: Path) -> Built:
         started = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
-        with _exclusive(self.root / f"{request.env_id}.lock"):
+        with exclusive(self.root / f"{request.env_id}.lock"):
             return self._build_locked(request, log_path, started)
 
     def _build_locked(self, request: BuildInput, log_path: Path, started: float) -> Built:
@@ -126,17 +124,6 @@ class VenvBackend(HostProcesses):
     def python(self, built: Built, *, visible: tuple[Path, ...] = ()) -> tuple[str, ...]:
         assert built.prefix is not None
         return (str(built.prefix / "bin" / "python"),)
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """An exclusive lock on `path` (created) for the block, across processes of this host; waits for it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _recorded(prefix: Path) -> dict[str, Any] | None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import pickle
 import queue
@@ -40,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -61,6 +60,7 @@ from servematrix.stages import importcheck
 from servematrix.stages.locking import default_lock_dir, resolve_request
 from servematrix.stages.resolve import resolve_cached
 from servematrix.store.store import Store
+from servematrix.util import exclusive
 
 GIB = 1024**3
 # What one pre-flight holds in memory at a time: sglang's load probe keeps the release imported (1-3 GB,
@@ -127,22 +127,11 @@ def envs_to_pool(
     return wanted if len(wanted) > 1 else {}
 
 
-@contextlib.contextmanager
-def _flocked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def import_check(lockfile: Path, engine: Engine, *, python_version: str, cache_dir: Path) -> importcheck.ImportCheck:
     """`importcheck.import_check`, one process at a time per lock key: its venv is named by the key, and a
     second process of the same lock body reads the first one's result instead of installing beside it."""
     key = importcheck.lock_key(lockfile, engine)
-    with _flocked(Path(cache_dir) / "import" / "claims" / f"{key}.lock"):
+    with exclusive(Path(cache_dir) / "import" / "claims" / f"{key}.lock"):
         return importcheck.import_check(lockfile, engine, python_version=python_version, cache_dir=cache_dir)
 
 
