@@ -86,6 +86,8 @@ def load(inp):
     python = inp.python() if inp.python is not None else None
     if python is None:
         return None
+    if inp.cell.mode == "short" and os.environ.get("POOL_STRAY"):  # a program it starts, in a session of its own,
+        subprocess.Popen([str(python), os.environ["POOL_MARK_SCRIPT"], "stray"], start_new_session=True)  # and leaves
     done = subprocess.run([str(python), os.environ["POOL_MARK_SCRIPT"], "load", inp.cell.mode], check=False)
     if done.returncode:
         raise RuntimeError(f"the load stand-in exited {done.returncode}")
@@ -268,13 +270,15 @@ def test_an_interrupted_pool_keeps_its_finished_rows_and_leaves_no_process(tmp_p
     with standin_index(tmp_path / "index", PACKAGES) as index:
         root, env = _project(tmp_path, index, ("1.4", "2.1", "2.2"))
         # 1.4 runs to its end; 2.1's load and 2.2's import check hold until the run is stopped.
-        env.update(POOL_HOLD="load-2.1-short,import-2.2", POOL_WAIT_S="300")
+        # Each load pre-flight of a short mode also starts a program and leaves it, held too (`stray-<version>`):
+        # its job kills it as it ends, finished (1.4) or stopped (2.1).
+        env.update(POOL_HOLD="load-2.1-short,import-2.2,stray-1.4,stray-2.1", POOL_WAIT_S="300", POOL_STRAY="1")
         harness = _run(root, env, "--jobs", "3")
         marks = root / "marks"
         deadline = time.monotonic() + 240
         rows: dict[str, dict] = {}
         while time.monotonic() < deadline:
-            held = (marks / "load-2.1-short-start").exists() and (marks / "import-2.2-start").exists()
+            held = all((marks / f"{name}-start").exists() for name in ("load-2.1-short", "import-2.2", "stray-2.1"))
             try:
                 rows = _rows(root / "s.sqlite") if (root / "s.sqlite").exists() else {}
             except sqlite3.OperationalError:  # the store is being made: no table yet
@@ -290,10 +294,17 @@ def test_an_interrupted_pool_keeps_its_finished_rows_and_leaves_no_process(tmp_p
         out, _ = harness.communicate(timeout=120)
     # SIGKILL: the harness could not stop its jobs; each ends with it (PR_SET_PDEATHSIG) and stops what it started.
     assert harness.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), out[-3000:]
+
+    def left() -> list[str]:  # what the run started, a program a job left included (not the run's child)
+        strays = [p for p in psutil.process_iter() if str(tmp_path / "mark.py") in _cmdline(p)]
+        return [f"{p.pid}: {_cmdline(p)}" for p in {*started, *strays} if _alive(p)]
+
     deadline = time.monotonic() + 60
-    while [p for p in started if _alive(p)] and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [p.pid for p in started if _alive(p)], out[-3000:]  # no job, no install, no probe left
+    assert not left(), (left(), out[-3000:])  # no job, no install, no probe left
+    assert (marks / "stray-1.4-start").exists() and (marks / "stray-2.1-start").exists()
+    assert not list(marks.glob("stray-*-end"))  # killed, not ended of their own
     assert not (marks / "load-2.1-short-end").exists() and not (marks / "import-2.2-end").exists()  # stopped, not done
     after = _rows(root / "s.sqlite")
     verdicts = {(json.loads(r["axes"])["toyserve"], r["mode"]): (r["status"], r["verdict"]) for r in after.values()}

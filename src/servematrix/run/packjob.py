@@ -17,6 +17,7 @@ import pickle
 import signal
 import sys
 
+import psutil
 from rich.console import Console
 
 from servematrix.config.spec import load_spec
@@ -55,6 +56,8 @@ def main() -> int:
     except InputError as exc:
         print(f"servematrix: {exc}", flush=True)
         return EXIT_BAD_INPUT
+    finally:
+        _kill_descendants()
     return 0
 
 
@@ -64,6 +67,16 @@ def _end_with(harness_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != harness_pid:
         raise KeyboardInterrupt
+
+
+def _kill_descendants() -> None:
+    """Kill whatever this job started that is still alive as it ends: the pipeline stops the programs it waits
+    on, not one that a hook started and left (its own session: a process group's kill misses it). A job whose
+    harness was SIGKILLed has nobody after it (an interrupted harness kills what is left after STOP_GRACE_S):
+    a CI run once found a program alive a minute after such a job ended."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def _interrupt(signum: int, frame: object) -> None:
