@@ -38,6 +38,7 @@ from servematrix.run.reaper import reap_orphans
 from servematrix.run.runplan import (  # re-exported: what a run will do is decided there
     RunOptions,
     Summary,
+    cell_stages,
     check_imports_ahead,
     check_inputs,
     gpu_ready,
@@ -117,6 +118,7 @@ class _Runner:
     console: Console
     summary: Summary
     _unavailable_said: set[tuple[str, str]] = field(default_factory=set)  # (pre-flight, reason) said this run
+    _stages: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by cell id: `_wants`
     # A served cell's own CPU prediction and its stages' outcomes, stored with its row when it is decided.
     _predicted: dict[str, tuple[str, dict[str, Any] | None]] = field(default_factory=dict)
     host: dict[str, Any] = field(init=False)  # this host's facts, in every row
@@ -285,8 +287,11 @@ class _Runner:
     def _stage(self, cell: Cell, name: str) -> None:
         self._progress.stage(cell, name)
 
-    def _wants(self, stage: str) -> bool:
-        return stage in self.options.stages
+    def _wants(self, cell: Cell, stage: str) -> bool:
+        """Whether the cell goes through `stage` here, as `runplan.cell_stages` decided (and the run announced)."""
+        if cell.id not in self._stages:
+            self._stages[cell.id] = cell_stages(self.plan, cell, self.options.stages)
+        return stage in self._stages[cell.id]
 
     def _row(self, cell: Cell, state: _EnvState, argv: Sequence[str] | None = None) -> dict[str, Any]:
         return cell_row(
@@ -334,7 +339,7 @@ class _Runner:
         return state.ended
 
     def _resolve_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
-        if not self._wants("resolve") or state.resolved is not None:
+        if not self._wants(cell, "resolve") or state.resolved is not None:
             return None
         self._stage(cell, "resolve")
         started = time.monotonic()
@@ -347,9 +352,7 @@ class _Runner:
 
     def _import_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
         """On a host without the environment's GPUs (nothing is built there), the import check, once."""
-        if gpu_ready(state.env) or state.imported:
-            return None
-        if not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
+        if state.imported or not self._wants(cell, "import"):
             return None
         state.imported = True  # once per environment: its cells share the lock
         if state.kept_import is not None:  # the published check of this lock, check data and code (reuse.py)
@@ -362,8 +365,8 @@ class _Runner:
         return ended
 
     def _build_env(self, state: _EnvState, cell: Cell) -> Verdict | None:
-        if not gpu_ready(state.env) or not self._wants("build") or state.built is not None:
-            return None  # GPU stages are skipped per cell on a host without the GPUs
+        if not self._wants(cell, "build") or state.built is not None:
+            return None  # GPU stages: never on a host without the GPUs
         self._stage(cell, "build")
         env = state.env
         resolved = state.resolved if state.resolved and state.resolved.status == "resolved" else None
@@ -450,7 +453,7 @@ class _Runner:
         return self._prepare_env(run.state, run.cell)
 
     def _preflights(self, run: _CellRun) -> Verdict | None:
-        if not self._wants("probe"):
+        if not self._wants(run.cell, "probe"):
             return None
         if self._served_here(run.state):
             # Issue 47: a GPU run first pre-flights itself on the interpreter and packages it serves with, so
@@ -483,12 +486,12 @@ class _Runner:
         return run.prediction or skipped
 
     def _serving_asked(self, run: _CellRun) -> Verdict | None:
-        if self._wants("serve") and run.state.built is not None:
+        if self._wants(run.cell, "serve") and run.state.built is not None:
             return None
         return verdict.skipped("stages", excerpt=f"stages run: {','.join(self.options.stages)}")
 
     def _serving(self, run: _CellRun) -> Verdict | None:
-        if self._wants("probe") and run.outcomes:  # its own pre-flights' prediction (none ran: it has none)
+        if self._wants(run.cell, "probe") and run.outcomes:  # its own pre-flights' prediction (none ran: it has none)
             self._predicted[run.cell.id] = (
                 str(run.prediction) if run.prediction is not None else "pass",
                 self._outcomes(run.cell, run.state, run) or None,
@@ -510,7 +513,7 @@ class _Runner:
             engine=engine,
             pins=state.resolved.pins if state.resolved else {},
             cache_dir=self.options.workdir / "cache",
-            python=self._interpreter(state),
+            python=self._interpreter(state, cell),
             model_config=model_config_dir(self.plan.spec),
         )
         started = time.monotonic()
@@ -546,7 +549,7 @@ class _Runner:
     def _served_here(self, state: _EnvState) -> bool:
         return gpu_ready(state.env) and state.built is not None and state.built.ok
 
-    def _interpreter(self, state: _EnvState) -> Callable[[], Path | None] | None:
+    def _interpreter(self, state: _EnvState, cell: Cell) -> Callable[[], Path | None] | None:
         """Where the import check runs (a host without the environment's GPUs), the environment's lock
         installed for a pre-flight that runs the engine's own code, on its first call; on a host that serves
         the cell, the interpreter it is served with (not in a container); None elsewhere."""
@@ -555,9 +558,12 @@ class _Runner:
             python = selfcheck.host_python(self.backend.python(state.built))
             return (lambda: python) if python is not None else None
         resolved = state.resolved
-        if gpu_ready(state.env) or not (self._wants("import") and "import" in self.plan.spec.engine.preflight):
-            return None
-        if resolved is None or resolved.status != "resolved" or resolved.lockfile is None:
+        if (
+            not self._wants(cell, "import")
+            or resolved is None
+            or resolved.status != "resolved"
+            or resolved.lockfile is None
+        ):
             return None
         if state.venv is None:
             state.venv = importcheck.LockVenv(
@@ -650,13 +656,8 @@ class _Runner:
         """Start the cell's server, wait for it, benchmark it, stop it. A fault raises (see `_start`)."""
         assert state.built is not None
         start = len(state.pending[cell.id].starts) if cell.id in state.pending else 0
-        return self._server.serve_once(
-            cell,
-            state.built,
-            start=start,
-            stage_seconds=state.stage_seconds,
-            row=lambda argv: self._row(cell, state, argv),
-        )
+        row = functools.partial(self._row, cell, state)  # given the argv that runs
+        return self._server.serve_once(cell, state.built, start=start, stage_seconds=state.stage_seconds, row=row)
 
     def _stage_note(self, text: str) -> None:
         print(f"servematrix: {text}", file=self.console.file, flush=True)

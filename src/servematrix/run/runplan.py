@@ -115,7 +115,9 @@ def unchanged(store: Store, plan: Plan, cell: Cell, options: RunOptions) -> bool
 
 def cell_stages(plan: Plan, cell: Cell, stages: Sequence[str]) -> tuple[str, ...]:
     """The stages a cell will really go through here: the CPU ones where the host lacks its GPUs (import only
-    there), probe only for an engine with pre-flights of its own, serve only after a build, bench after serve."""
+    there), probe only for an engine with pre-flights of its own (or, on a host that serves the cell, the import
+    check of the interpreter it is served with), serve only after a build, bench after serve. The one place this
+    is decided: the run's announcement counts it (`planned_work`) and the runner follows it (`_Runner._wants`)."""
     if not cell.applicable:
         return ()
     engine = plan.spec.engine
@@ -124,7 +126,9 @@ def cell_stages(plan: Plan, cell: Cell, stages: Sequence[str]) -> tuple[str, ...
     drop = set()
     if ready or "import" not in engine.preflight or "resolve" not in stages:
         drop.add("import")
-    if not any(name in hooks_of(engine).preflights for name in engine.preflight):
+    if not any(name in hooks_of(engine).preflights for name in engine.preflight) and not (
+        ready and "import" in engine.preflight  # the served interpreter's own import check (run/selfcheck.py)
+    ):
         drop.add("probe")
     if "build" not in wanted:
         drop |= {"serve", "bench"}

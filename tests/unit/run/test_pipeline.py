@@ -17,7 +17,7 @@ from servematrix.formats.verdict import Verdict
 from servematrix.planning.plan import make_plan
 from servematrix.run import hostinfo
 from servematrix.run.pipeline import run_plan
-from servematrix.run.runplan import RunOptions
+from servematrix.run.runplan import RunOptions, cell_stages, planned_work
 from servematrix.store.store import Store
 from tests.fakes import toy_engine
 from tests.fakes.fake_backend import FakeBackend
@@ -163,3 +163,26 @@ def test_what_a_passing_preflight_found_stands_in_the_skipped_cells_evidence(toy
     assert rows[("2.1", "long")]["verdict"] == "skipped:no-gpu"
     assert rows[("2.1", "long")]["evidence"][0] == "context: fine for long"
     assert rows[("1.4", "short")]["evidence"][0] == "context: fine for short"
+
+
+@pytest.mark.parametrize("gpus_here", [True, False], ids=["gpus-here", "no-gpus"])
+def test_each_cell_goes_through_the_stages_the_run_announced(toy, monkeypatch, tmp_path, gpus_here):
+    """One decision (`runplan.cell_stages`): the announcement counts it and the runner follows it, so the
+    stages a cell's row timed are those the run said it would go through, on a host with its GPUs or without."""
+    matrix = TOY_MATRIX
+    if not gpus_here:
+        monkeypatch.setattr(hostinfo, "host", lambda: hostinfo.Host(hostname="h", cpu="c", cpus=2, os="Linux", gpus=()))
+        matrix = TOY_MATRIX.replace('gpu = ["cpu"]', 'gpu = ["b200"]').replace(
+            '[gpu.cpu]\narch = "cpu"\ncount = 0', '[gpu.b200]\narch = "sm_100"\ncount = 8'
+        )
+    stages = ("probe", "build", "serve")
+    toy(matrix, stages=stages)
+    plan = make_plan(tmp_path / "toy.toml")
+    announced = planned_work(plan, RunOptions(stages=stages, store=tmp_path / "none.sqlite", workdir=tmp_path / "w"))
+    assert announced.stages == (("build", "probe", "serve") if gpus_here else ("probe",))
+    timed = {"resolve", "import", "build", "probe"}  # the stages a row times (serve and bench keep their own)
+    with Store(tmp_path / "s.sqlite") as store:
+        ran_by_cell = {r.cell_id: set(r.stages or {}) for r in store.all_rows()}
+    for cell in (c for c in plan.cells if c.applicable):
+        ran = ran_by_cell[cell.id]
+        assert ran & timed == set(cell_stages(plan, cell, stages)) & timed, (cell.env.version, cell.mode, ran)
