@@ -16,13 +16,13 @@ from pathlib import Path
 from servematrix.bisection.command import cmd_bisect
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.options import COMMANDS, EPILOG, EXIT_REGRESSION, Parser, add_options, validate
+from servematrix.records.published import PUBLISHED_SITE, RECORD
 from servematrix.releases.command import cmd_releases
 from servematrix.report import command as reporting
 from servematrix.report.command import TABLE_NAME
-from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.run import hostinfo, pool
 from servematrix.store.store import DEFAULT_STORE
-from servematrix.util import interrupt_on_signals
+from servematrix.util import PREVIEW_DIR, interrupt_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,11 +34,10 @@ from servematrix.config.spec import MAX_STARTS
 from servematrix.errors import InputError
 from servematrix.planning.cells import DEFAULT_MAX_CELLS
 from servematrix.planning.plan import GITHUB_MAX_JOBS
-from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
-from servematrix.run.hostinfo import STANDIN_GPUS_ENV
+from servematrix.records.published import PUBLISHED_SITE, RECORD
 from servematrix.stages import STAGES
 from servematrix.store.store import DEFAULT_STORE
-from servematrix.util import DEFAULT_WORKDIR
+from servematrix.util import DEFAULT_WORKDIR, PREVIEW_DIR, STANDIN_GPUS_ENV
 
 DEFAULT_MATRIX = Path("matrix/glm5-nvfp4.toml")
 

@@ -25,6 +25,9 @@ from typing import IO, Any, Literal
 
 # Where a run keeps its store, environments, logs and report preview, relative to the working directory.
 DEFAULT_WORKDIR = Path(".servematrix")
+PREVIEW_DIR = DEFAULT_WORKDIR / "report"  # where `report` writes a preview of the store
+# A test device: the host has N GPUs of any arch (run/hostinfo.py). Here, low, for `options.py` to name it.
+STANDIN_GPUS_ENV = "SERVEMATRIX_STANDIN_GPUS"
 
 # The exit codes a shell gives a command it could not run or that ran out of time.
 EXIT_TIMED_OUT = 124

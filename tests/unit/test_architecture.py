@@ -196,12 +196,12 @@ LAYERS = (
     "servematrix.advisories",  # reads plans, locks and the model config; report/ and the pre-flight read it
     "servematrix.backends",
     "servematrix.stages",
+    "servematrix.options",  # the command line's declarations: imports nothing above the stages' names
     "servematrix.evidence",  # what sibling GPUs and advisories say of a cell: report/ shows it, recommend ranks by it
     "servematrix.report",
     "servematrix.run",
     "servematrix.bisection",
     "servematrix.releases",  # the release watcher: reads the index as bisection does, writes matrix files
-    "servematrix.options",
     "servematrix.scaleout",
     "servematrix.cli",
     "servematrix.__main__",

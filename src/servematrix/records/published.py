@@ -8,11 +8,14 @@ shape (`store/rowschema.py:row_problem`: names that reach pages and file names) 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA = 1  # the record's `schema`: a reader refuses any other
+PUBLISHED_SITE = Path("docs")  # the published site, relative to the project
+RECORD = Path("results") / "latest.json"  # the published record, inside the site
 
 # A figure's spread over the repeats: min, median, max (and whatever else the bench client summarised).
 Spread = dict[str, float | None]

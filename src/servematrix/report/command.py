@@ -19,10 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from servematrix.errors import InputError
+from servematrix.records.published import PUBLISHED_SITE, RECORD
 from servematrix.report import publish as publishing
-from servematrix.report.publish import PREVIEW_DIR, PUBLISHED_SITE, RECORD
 from servematrix.report.regressions import Regression, published_rows
 from servematrix.store.store import DEFAULT_STORE
+from servematrix.util import PREVIEW_DIR
 
 TABLE_NAME = "compatibility.md"
 

@@ -41,6 +41,7 @@ from servematrix.engines import check_registered
 from servematrix.errors import InputError
 from servematrix.formats.verdict import Verdict, observed, unserved
 from servematrix.planning.schedule import makespan_line, stored_spans
+from servematrix.records.published import RECORD
 from servematrix.report import owned
 from servematrix.report.history import record as history
 from servematrix.report.regressions import load_export, portable_argv, published_rows, scrub_host_paths
@@ -48,11 +49,8 @@ from servematrix.stages import naming
 from servematrix.store.redact import bounded_evidence, bounded_excerpt
 from servematrix.store.rowschema import in_future
 from servematrix.store.store import Row, Store
-from servematrix.util import DEFAULT_WORKDIR, atomic_write
+from servematrix.util import atomic_write
 
-PUBLISHED_SITE = Path("docs")
-PREVIEW_DIR = DEFAULT_WORKDIR / "report"
-RECORD = Path("results") / "latest.json"  # the published record, inside the site
 HISTORY = history.HISTORY  # each cell's runs over time, beside it (the feed)
 
 

@@ -17,8 +17,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 
 from servematrix.errors import InputError
+from servematrix.util import STANDIN_GPUS_ENV
 
-STANDIN_GPUS_ENV = "SERVEMATRIX_STANDIN_GPUS"
 STANDIN_ARCH = "stand-in"  # a stand-in GPU answers to every arch
 
 
