@@ -52,6 +52,7 @@ def main() -> int:
         "argv": sys.argv[1:],
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cpus": sorted(os.sched_getaffinity(0)),
+        "pythonpath": os.environ.get("PYTHONPATH"),  # what a server's own Python would import first
         "start": time.time(),
         "left_before": _left_before(folder, gpus),
     }

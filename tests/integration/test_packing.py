@@ -240,6 +240,9 @@ def test_on_two_gpus_and_two_cpus_packed_environments_get_disjoint_cpus_share_th
         assert lengths == ["512", "4096", "512", "4096"]  # interleaved
     zero, one = by_gpu["0"], by_gpu["1"]
     assert any(_overlap(a, b) for a in zero for b in one)
+    # A server gets the harness's environment, not its import path (an environment's Python would read this
+    # Python's stdlib and packages from there).
+    assert {r["pythonpath"] for r in records} == {os.environ.get("PYTHONPATH")}
     assert not {c for r in zero for c in r["cpus"]} & {c for r in one for c in r["cpus"]}
 
 

@@ -58,6 +58,7 @@ from servematrix.stages.bench_worker import format_cpus
 from servematrix.store.store import Store
 
 POLL_S = 0.2
+JOB_PATH_ENV = "SERVEMATRIX_JOB_PATH"  # the harness's import path, for a job to import what it is handed
 STOP_GRACE_S = 90.0  # a job stopping its servers (10 s each, a container's too) before it is killed
 
 
@@ -244,6 +245,14 @@ def run_packed(
     return outcome
 
 
+def job_environment() -> dict[str, str]:
+    """A job process's environment: this one's, and its import path in JOB_PATH_ENV (the backend is unpickled
+    there: its class must import as it does here, a plugin or a test's fake). Not in PYTHONPATH: the servers and
+    programs a job starts in an environment's own Python inherit it, and would read this Python's stdlib and
+    packages."""
+    return {**os.environ, JOB_PATH_ENV: os.pathsep.join(p or os.getcwd() for p in sys.path)}
+
+
 def _spawn(job: PackedJob, log: Path) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
@@ -252,8 +261,7 @@ def _spawn(job: PackedJob, log: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
-            # The backend is unpickled there: its class must import as it does here (a plugin, a test's fake).
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            env=job_environment(),
             # Its own session: a terminal's Ctrl-C reaches the harness alone, which stops each job once.
             start_new_session=True,
         )

@@ -24,9 +24,8 @@ from servematrix.config.spec import load_spec
 from servematrix.errors import EXIT_BAD_INPUT, InputError
 from servematrix.planning.plan import plan_spec
 from servematrix.run import progress
-from servematrix.run.packing import PackedJob
+from servematrix.run.packing import JOB_PATH_ENV, PackedJob
 from servematrix.run.pipeline import run_plan
-from servematrix.run.pool import JOB_PATH_ENV
 from servematrix.util import interrupt_on_signals
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -34,7 +33,7 @@ EXIT_INTERRUPTED = 130
 
 
 def main() -> int:
-    found = os.environ.pop(JOB_PATH_ENV, "")  # a pre-flight job's harness's import path (pool.py)
+    found = os.environ.pop(JOB_PATH_ENV, "")  # its harness's import path (packing.job_environment)
     sys.path += [path for path in found.split(os.pathsep) if path and path not in sys.path]
     job: PackedJob = pickle.load(sys.stdin.buffer)  # written by the harness that started this process
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -52,7 +52,7 @@ from servematrix.engines import Engine
 from servematrix.planning.cells import Cell, cell_bound
 from servematrix.planning.plan import Plan
 from servematrix.run import reuse
-from servematrix.run.packing import Packed, PackedJob, finished_verdicts
+from servematrix.run.packing import Packed, PackedJob, finished_verdicts, job_environment
 from servematrix.run.progress import RunProgress, relayed, wrap_free
 from servematrix.run.reaper import reap_orphans
 from servematrix.run.runplan import RunOptions, gpu_ready
@@ -68,7 +68,6 @@ GIB = 1024**3
 PREFLIGHT_MEMORY = 3 * GIB
 DEFAULT_DISK_GB = 10.0  # one import check's install, for an engine whose data gives no `cost_gb`
 POLL_S = 0.2
-JOB_PATH_ENV = "SERVEMATRIX_JOB_PATH"  # this process's import path, for a job to import what it is handed
 OUTPUT_GRACE_S = 10.0  # a job's output read after its process ended, unless a program it left holds it open
 STOP_GRACE_S = 30.0  # a job stopping its programs (the load probe is given 10 s) before it is killed
 
@@ -273,9 +272,7 @@ def _spawn(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        # The backend is unpickled there: its class must import as it does here (a plugin, a test's fake). Not
-        # through PYTHONPATH: the programs a job runs in an environment's own Python would read this one's stdlib.
-        env={**os.environ, JOB_PATH_ENV: os.pathsep.join(p or os.getcwd() for p in sys.path)},
+        env=job_environment(),
         # Its own session: a terminal's Ctrl-C reaches the harness alone, which stops each job once.
         start_new_session=True,
     )
