@@ -1,29 +1,12 @@
 """A concurrent pre-flight: on a host that serves none of them, environments' CPU pre-flights side by side.
 
-The pre-flight of an environment this host does not serve (it lacks the environment's GPUs, or the run builds
-nothing) is resolve, the import check (the lock installed on the CPU, its entry points imported: disk, network
-and a core) and the engine's own pre-flights (sglang's load pre-flight imports the release once, 30-170 s of a
-core and 1-3 GB of memory). Run one environment at a time, a host waits on one of them while the other
-resources idle. With `--jobs N` (`RunOptions.jobs`) up to N environments run at once, each in a process of its
-own (`packjob.py`, as a packed run's jobs): while one environment's lock installs and imports, another's load
-pre-flight runs. A process each, not a thread: an engine's pre-flights keep one probe process per environment
-in module state (sglang's `loadprobe`), and the lock venv they run in is named by the process.
+Run one environment at a time, a host waits on one pre-flight while its other resources idle. With `--jobs N`
+(`RunOptions.jobs`) up to N environments this host does not serve run at once, each in a process of its own
+(`packjob.py`), within the bound of `room` (a core, PREFLIGHT_MEMORY and the import check's `cost_gb` of disk
+each). Environments this host serves are never run beside anything (a benchmark measures the host). On
+SIGINT or SIGTERM a job stops what it started; whatever is still alive after STOP_GRACE_S is killed.
 
-The bound (`room`): a core, PREFLIGHT_MEMORY of available memory and the engine's import check `cost_gb` of
-free disk for each at once; `--jobs 1` is one environment at a time, in the run's own process, as before.
-Environments this host serves are never run beside anything (a benchmark measures the host): they run one at a
-time before the pool starts, as do environments whose every cell is reused from the published record.
-
-Each job is the ordinary pipeline over its environment's cells: its rows go to the store as each cell finishes
-(a crash loses nothing finished) and its verdicts are the serial run's. Its progress comes back as events
-(`progress.relay`) that the harness shows with the run's own count, each line naming its cell and environment;
-its other lines are shown prefixed with its environment, and kept in its log. Two environments of one lock body
-never import-check it at once (`import_check` holds a lock per lock key across processes): the second reads
-the first's result, and the queue puts environments of a body already queued last.
-
-A job ends with its harness (PR_SET_PDEATHSIG). On SIGINT or SIGTERM the harness sends each job SIGTERM: the
-job kills the programs it waits on (an install, an import, the load probe), marks its cell interrupted and
-exits; whatever a job started that is still alive after STOP_GRACE_S is killed, so nothing is left behind.
+More, with the measurements behind it: docs/design-notes.md#srcservematrixrunpoolpy
 """
 
 from __future__ import annotations

@@ -2,35 +2,11 @@
 that stage reads, so a published row whose stage keys equal today's is that stage's result, without
 installing or probing anything again; a stage whose key changed runs again alone, for the cells it touches.
 
-Each stage of a cell's CPU pre-flight has its own key (`stage_keys`), in the order the stages run:
+Each stage has its own key (`stage_keys`), stored with its outcome (`preflight`, `preflight_hash`). Only a
+row decided on a CPU by a verdict that is a fact of its inputs is replayed, on a host without the cell's GPUs;
+an erred stage only for a reason of its inputs (`INPUT_FAULTS`). `--fresh` reuses nothing.
 
-- `resolve`: the resolution request and the bytes of the lock it was resolved to (a current lock is the
-  stage's result); where there is none, the resolve stage's own code too (uv runs then);
-- `import`: the lock's locked set (its body), the cell's Python, the engine's `import_check` data and the import
-  check's module (`stages/importcheck.py`);
-- each hook pre-flight the engine data lists (sglang's flags, load, trace, and any it adds): the cell (its id
-  hashes the versions, the GPU kind with its platform and arch, the Python, the mode and the argv), the lock's
-  body, the code and data that hook runs and the engine data fields it reads (`run/stagecode.py`), the model's
-  config files where it reads them, and whether it runs in the installed lock.
-
-The classifier and the signatures are in no key: a pre-flight failure's class is named again from its stored
-excerpt at reuse and at publish (`stages/naming.py`). Report, rank, history and bench code is in no key either.
-
-A row stores its stages' keys and outcomes (`preflight`: stage -> key, outcome, the verdict it ended the cell
-with, the evidence it added) and `preflight_hash`, one digest of the keys (the history's `checks`); publishing
-carries both into `docs/results/latest.json`. A published row is replayed stage by stage in today's order: a
-stage whose key is unchanged gives its stored outcome, and the first verdict ends the cell as the run would
-have (first verdict wins); the first stage whose key changed, or that has none, runs again, and so does every
-later stage without a stored outcome of the same key. A row stored before per-stage keys (`preflight_hash`
-alone) is replayed by nothing: its cell runs again.
-
-A row is replayed only when it was decided on a CPU (nothing served, no figures, a host without the cell's
-GPUs), by a verdict that is a fact about its inputs (`unresolvable`, `predicted-fail:*`, `skipped:no-gpu`, a
-`fail:` of a pre-flight), and only on a host that lacks the cell's GPUs too: there the GPU stages decide.
-A stage that could not run (unavailable) or erred is not replayed, unless the reason is a fact of its inputs:
-the lock's own environment refused to prepare (`INPUT_FAULTS`), or the lock pins a package the index serves only
-as a placeholder that fetches its wheel from another index (`classify/placeholder.py`; the cell stays an
-`error`, with that reason). `--fresh` reuses nothing.
+More, with the measurements behind it: docs/design-notes.md#srcservematrixrunreusepy
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """The benchmark client's hot path: a lean HTTP/1.1 + SSE streaming client, and the worker process that runs it.
 
-Why not httpx: profiled against the fake server, most of the old client's CPU went to httpx/httpcore/anyio/h11
-(per network read: a coroutine switch through four layers, lock objects, even a failed ``import sniffio`` per
-request), not to the benchmark. This module keeps per-event work to a minimum:
+Not httpx, whose layers took most of the client's CPU: per-event work is kept to a minimum so the client is not
+the bottleneck. One ``asyncio.Protocol`` per connection parses bytes in ``data_received``; one timestamp per
+network read; one regular-expression test per SSE event decides whether it needs a full ``json.loads``
+(``tests/unit/stages/test_bench_worker.py`` checks them against the full parse). Tokens come ONLY from the
+server's ``usage.completion_tokens``. A worker process (``python -m servematrix.stages.bench_worker``) runs its
+share of a batch's streams on its own event loop, driven by the parent (``bench.ClientPool``) over stdin/stdout.
 
-* One ``asyncio.Protocol`` per connection: bytes are parsed in ``data_received`` directly (no coroutine wake-up
-  per read, let alone per event). The awaiting coroutine wakes once per request, when the response ends.
-* One timestamp per network read: events that arrived in the same read arrived at the same time.
-* Per SSE event, one regular-expression test decides whether the event needs a full ``json.loads``: only events
-  whose ``usage``, ``finish_reason`` or ``error`` is not ``null`` do (the last one or two of a stream). For the
-  others, a second test says whether a content field (``content``, ``reasoning_content``, ``reasoning``; or
-  ``text`` for completions) holds a non-empty string. In JSON a key is always an unescaped ``"`` + name + ``"``
-  followed by ``:``, a sequence that cannot occur inside a string value (its quotes are escaped), so the tests
-  give the answer ``json.loads`` would give for well-formed chunks (``tests/unit/stages/test_bench_worker.py`` checks
-  them against the full parse).
-* Tokens come ONLY from the server's ``usage.completion_tokens`` (the fully parsed last chunks; for sglang's
-  ``/generate``, the finished event's ``meta_info.completion_tokens``); TTFT is the first content event; ITL
-  the gaps between content events.
-
-What is left is mostly the event loop's own cost per network read: against a fake server pacing tokens 2 ms
-apart, a protocol that does nothing but wait for the end of each response cost 0.030 s of CPU per batch of
-16 x 64 tokens, this client 0.038 s (2-core VM). Past that, the lever is more worker processes.
-
-A worker process (``python -m servematrix.stages.bench_worker``) runs its share of a batch's streams on its own
-event loop. The parent (``bench.ClientPool``) talks to it over stdin/stdout with length-prefixed pickles (the
-parent started it: the pickles are trusted): first ``("hello", cpus)``; then ``("batch", spec)`` → ``("ready",)``;
-``("go",)`` → ``("done", pickled results, t_start, t_end, cpu_s)``; ``("exit",)``. ``time.perf_counter`` is CLOCK_MONOTONIC on Linux,
-shared by all processes, so the parent can take the wall time from the earliest start to the latest end.
+More, with the measurements behind it: docs/design-notes.md#srcservematrixstagesbench_workerpy
 """
 
 import asyncio

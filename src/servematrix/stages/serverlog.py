@@ -1,22 +1,13 @@
 """A server's output on its way from its pipe: every line to the live scan, a bounded head and tail to its log.
 
-The serve stage's pump (`pump`, a thread of the harness) reads what the server writes, redacts it line by
-line (`LineRedactingWriter`), and hands each redacted piece to two readers: the log file (`BoundedLog`) and
-the caller's `on_lines`, which scans every line for the engine's ready line and fatal signatures. The scan
-sees the whole stream; the file keeps its first `LogBounds.head` bytes and its last `LogBounds.tail` bytes,
-each cut at a line boundary, with one marker line between them that says how much was left out
-(`gap_marker`). A ready or fatal line the file leaves out is seen all the same, and a crash's traceback,
-printed last, stays in the tail for everything that reads the file later (`servematrix reclassify`, a person).
+The serve stage's pump (`pump`) redacts what the server writes line by line (`LineRedactingWriter`) and hands
+it to the caller's `on_lines`, which scans every line for the ready line and fatal signatures, and to the log
+file (`BoundedLog`), which keeps its first `LogBounds.head` and last `LogBounds.tail` bytes with a marker line
+between (`gap_marker`): a flooding server cannot fill the disk, the scan still sees every line, and a crash's
+traceback stays in the tail. The bounds, `LOG_BOUNDS`, are declared once here (docs/gpu-runners.md), well
+above the largest real server logs.
 
-The bounds (`LOG_BOUNDS`, declared once here; docs/gpu-runners.md): 16 MiB of head and 16 MiB of tail. The
-largest real SGLang server logs we have, 1-GPU H200 cells served and benchmarked (the largest logged about
-4,600 requests), are 1.2 MB, so a log is kept whole up to 26 times that. The checks that read the file once the server
-is ready (mode evidence, capture times, the fallback check) look for start-up lines, which are in the head.
-A server that floods its output (5-8 MB/s through the pump) reaches the bound in seconds, and its log stays
-at 32 MiB: before the bound, one cell's timeout of such a server wrote tens of GB. While the server runs the
-file may hold up to twice the tail past its head (it is cut back to head, marker and tail each time it gets
-there, so a copy of the log taken mid-run, or left by a harness that was killed, has its newest lines); once
-the pump ends it holds at most the head, the marker and the tail.
+More, with the measurements behind it: docs/design-notes.md#srcservematrixstagesserverlogpy
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ class LogBounds:
             raise ValueError(f"log bounds must be a head >= 0 and a tail > 0, got {self}")
 
 
-# Every server log's bounds, declared once (see the module's docstring for why these).
+# Every server log's bounds, declared once (docs/design-notes.md says why these).
 LOG_BOUNDS = LogBounds(head=16 * MiB, tail=16 * MiB)
 
 # The most of an unfinished line held: for the scan, and at the end of the head (past it, the head is cut inside

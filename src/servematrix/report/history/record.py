@@ -1,37 +1,13 @@
 """The table over time: each cell's history, and the category of each of its runs at every publish.
 
-Publishing (`servematrix report --publish`) keeps the latest row of each cell in `results/latest.json`; this
-module keeps how each cell got there, in its own file beside it, `results/history.json` (the feed, documented
-in docs/history.md), written in the same staging folder and moved into place with the rest of the report,
-all of it or nothing.
+Publishing keeps the latest row of each cell in `results/latest.json`; this module keeps how each cell got
+there, in `results/history.json` beside it (the feed, docs/history.md), moved into place with the rest of the
+report, all of it or nothing. Each new run gets an entry (its inputs as digests, verdict, figures with their
+intervals, where it was decided) and a category against the cell's previous decided run (`categorize`). The
+history is bounded (`MAX_ENTRIES` per cell, `MAX_PUBLISHES`), yet keeps since when a cell fails (`since`);
+`lock_changes` tells a lock's change package by package.
 
-Every cell with a new run gets an entry: the date it finished, its run id, its inputs, its verdict, its
-headline figures with their intervals (min, median, max over the repeats) and where it was decided (`cpu`
-for a CPU pre-flight or a CPU cell, else the GPU the host named). The inputs are three short digests:
-
-- `inputs`: the cell's inputs hash (its id hashes the versions, the GPU kind, the Python, the mode and the
-  argv; plus the workload and the model), the row's lock hash and its image digest;
-- `lock`: the package versions of its lock file (`matrix/locks/<env>.lock.txt`) when the file is there and
-  was made from the same request; the versions themselves are kept for the locks the cells use now, so the
-  next change can be told package by package (`lock_changes`);
-- `checks`: the CPU pre-flight's inputs hash (engine data, signatures, the checks' code; `reuse.py`).
-
-Each new run is sorted into a category against the cell's previous run (`categorize`): `new`, `unchanged`,
-`regressed` and `fixed` (a verdict from pass to a failure or back, or a figure whose interval fell below
-the previous one, with the inputs changed), `changed-inputs` (any other move with the inputs changed) and
-`flaky` (the verdict moved, or a figure's interval no longer overlaps the previous one, with identical
-inputs). A rerun that leaves a cell unchanged is never a move: the intervals overlap. A run that decided
-nothing about the stack (`error:*`, `interrupted`: the harness failed or was stopped, and the cell runs
-again) is `undecided`, and a decided run is compared with the cell's previous decided run, past any
-undecided ones: a cell stopped by a job's time limit and finished by the next run is not flaky.
-
-The bound: a run identical to the cell's previous one (same inputs, verdict, place, figures) only counts on
-its entry (`repeats`, `last_date`, `last_run_id`); a cell keeps its last `MAX_ENTRIES` entries, with how many
-were dropped and the day its current verdict began (`since`), so "since when does it fail" survives the
-bound. A failure whose class was named again from its stored log (`servematrix reclassify`) changes its
-run's entry in place: the new class, and `named_again` with the class the run had and the publish that
-renamed it. The record of publishes keeps its last `MAX_PUBLISHES`; a cell pruned from the published record
-(`--prune`) leaves the history with it.
+More, with the measurements behind it: docs/design-notes.md#srcservematrixreporthistoryrecordpy
 """
 
 from __future__ import annotations
