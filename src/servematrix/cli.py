@@ -219,8 +219,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     rows = apply_evidence(rows)  # from every matrix's rows: a lane's observation reaches the product's cells
     if args.matrix is not None:
         wanted = {str(args.matrix), args.matrix.as_posix()}
-        known = sorted({str(r["matrix"]) for r in rows})
-        rows = [r for r in rows if str(r["matrix"]) in wanted]
+        known = sorted({r.matrix for r in rows})
+        rows = [r for r in rows if r.matrix in wanted]
         if not rows:
             raise InputError(f"{args.matrix}: no results for this matrix (results hold: {', '.join(known)})")
     found = recommend(rows)

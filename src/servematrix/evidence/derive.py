@@ -204,13 +204,13 @@ def _short(text: str) -> str:
 
 
 def _where(source: Row) -> str:
-    return f"cell {source['cell_id']}, {source['matrix']}"
+    return f"cell {source.cell_id}, {source.matrix}"
 
 
 def _seen(source: Row) -> str:
     engine = str(source.engine or "")
     verb = "served" if source.verdict == "pass" else "failed"
-    return f"{source['mode']} {verb} on {gpu_label(source)} with {engine} {release_of(source)}".strip()
+    return f"{source.mode} {verb} on {gpu_label(source)} with {engine} {release_of(source)}".strip()
 
 
 def _sibling(source: Row, target: Row, rules: Rules) -> Piece:
@@ -221,11 +221,11 @@ def _sibling(source: Row, target: Row, rules: Rules) -> Piece:
         "matrix": str(source.matrix),
         "release": release_of(source),
     }
-    headline = f"{_seen(source)} (cell {source['cell_id']})"
+    headline = f"{_seen(source)} (cell {source.cell_id})"
     if source.verdict == "pass":
         return Piece(
             stance="supports",
-            text=f"supports: {_seen(source)} ({_where(source)}), {architecture(str(source['matrix']))}",
+            text=f"supports: {_seen(source)} ({_where(source)}), {architecture(str(source.matrix))}",
             headline=headline,
             **common,  # type: ignore[arg-type]
         )
@@ -260,7 +260,7 @@ def _sibling(source: Row, target: Row, rules: Rules) -> Piece:
 
 def _nearby(source: Row, target: Row) -> Piece:
     engine = str(source.engine or "")
-    unseen = f"{engine} {release_of(target)} not yet observed in {target['mode']}"
+    unseen = f"{engine} {release_of(target)} not yet observed in {target.mode}"
     common = {
         "kind": "nearby",
         "source": source.cell_id,
@@ -272,7 +272,7 @@ def _nearby(source: Row, target: Row) -> Piece:
         return Piece(
             stance="supports",
             text=f"nearby release: {_seen(source)} ({_where(source)}); {unseen}",
-            headline=f"{_seen(source)} (cell {source['cell_id']}), the nearest observed release",
+            headline=f"{_seen(source)} (cell {source.cell_id}), the nearest observed release",
             **common,  # type: ignore[arg-type]
         )
     frames = _frames(source)
@@ -282,7 +282,7 @@ def _nearby(source: Row, target: Row) -> Piece:
         cls=str(source.verdict).partition(":")[2] or None,
         frames=frames,
         text=f"at-risk: {_seen(source)} ({_where(source)}){': ' + _short(error) if error else ''}; {unseen}",
-        headline=f"{_seen(source)} (cell {source['cell_id']}); {release_of(target)} not yet observed",
+        headline=f"{_seen(source)} (cell {source.cell_id}); {release_of(target)} not yet observed",
         **common,  # type: ignore[arg-type]
     )
 

@@ -23,8 +23,9 @@ _SHOWN = {"column": False}
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Row:
     """One cell run. Readers use the attributes. Mapping-style `row["key"]` and `row.get("key")` read the given
-    columns only, as the plain mapping a row once was: kept for the readers not yet moved to attributes
-    (run/pipeline.py, run/packing.py, run/reuse.py, cli.py) and for `stages/naming.py`, which takes a mapping."""
+    columns only, as the plain mapping a row once was: for the published record's projection of the given
+    columns (`report/regressions.py:export_results`), for `run/reuse.py`, which reads a published cell and a
+    stored row alike, and for the tests' reads."""
 
     run_id: str = ""
     cell_id: str = ""

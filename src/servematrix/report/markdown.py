@@ -85,7 +85,7 @@ def reproduce(row: Row, moved: Mapping[str, str | None] = MappingProxyType({})) 
             "run",
             row.matrix,
             "--select",
-            f"id={moved.get(row['cell_id']) or row['cell_id']}",
+            f"id={moved.get(row.cell_id) or row.cell_id}",
             *(["--backend", str(backend)] if backend else []),
             *(["--starts", str(starts)] if isinstance(starts, int) and starts > 1 else []),
             "--rerun",
@@ -102,9 +102,9 @@ def moved_note(row: Row, moved: Mapping[str, str | None]) -> str:
         return ""
     now = moved[row.cell_id]
     if now is None:
-        return f"{row['matrix']} no longer has a cell with these axes and mode: the command selects none"
+        return f"{row.matrix} no longer has a cell with these axes and mode: the command selects none"
     return (
-        f"{row['matrix']} has changed this cell's definition since it ran (its server argv, environment variables "
+        f"{row.matrix} has changed this cell's definition since it ran (its server argv, environment variables "
         f"or install; it is {now} now): the command runs the cell as the matrix defines it today"
     )
 
@@ -352,7 +352,7 @@ def _host(host: Mapping[str, Any]) -> str:
 def axes_text(row: Row, axes: Sequence[str]) -> str:
     """`sglang=0.5.12 torch=pinned ...` in the engine's axis order (the store keeps axes sorted by name)."""
     known = [a for a in axes if a in row.axes] + sorted(set(row.axes) - set(axes))
-    return " ".join(f"{a}={row['axes'][a]}" for a in known)
+    return " ".join(f"{a}={row.axes[a]}" for a in known)
 
 
 def cell_order(row: Row, axes: Sequence[str], modes: Sequence[str]) -> tuple[Any, ...]:
@@ -364,9 +364,7 @@ def cell_order(row: Row, axes: Sequence[str], modes: Sequence[str]) -> tuple[Any
 def _details(rows: list[Row], axes: Sequence[str], modes: Sequence[str], moved: Mapping[str, str | None]) -> str:
     lines = ['<details markdown="1"><summary>Cells: verdict evidence and reproduce commands</summary>\n']
     for row in sorted(rows, key=lambda r: cell_order(r, axes, modes)):
-        lines.append(
-            f"- {code(row['cell_id'])} {text(axes_text(row, axes))} mode={text(row['mode'])}: {code(row['verdict'])}"
-        )
+        lines.append(f"- {code(row.cell_id)} {text(axes_text(row, axes))} mode={text(row.mode)}: {code(row.verdict)}")
         excerpt = (row.excerpt or "").strip()
         if excerpt and row.verdict != "pass":
             lines.append(f"  - evidence: {code(deciding_line(row))}")

@@ -69,7 +69,7 @@ def store_rows(path: Path) -> list[Row]:
         raise InputError(f"{path}: not a servematrix store ({exc})") from None
     if not rows:
         raise InputError(f"{path}: no finished cell runs in this store: nothing to report")
-    _check_engines((row.engine, f"{path}: the row of cell {row['cell_id']!r}") for row in rows)
+    _check_engines((row.engine, f"{path}: the row of cell {row.cell_id!r}") for row in rows)
     return rows
 
 
@@ -387,9 +387,9 @@ def merge_published(published: Mapping[str, Any] | None, rows: Sequence[Row], *,
             counts["kept_future"] += 1
             merged[row.cell_id] = old
             print(
-                f"servematrix: cell {row['cell_id']}: the store's run {row.get('run_id')} finished at "
-                f"{row.get('finished_at')}, ahead of this host's clock (skewed?): not published over run "
-                f"{old.get('run_id')}",
+                f"servematrix: cell {row.cell_id}: the store's run {row.run_id} finished at "
+                f"{row.finished_at}, ahead of this host's clock (skewed?): not published over run "
+                f"{old.run_id}",
                 file=sys.stderr,
             )
         elif _newer_or_same(row, old):

@@ -155,12 +155,12 @@ def _undecided_summary(undecided: Sequence[tuple[str, str]]) -> list[str]:
 
 def _changes(row: Row, other: Row) -> list[str]:
     out = [
-        f"{axis} {other['axes'].get(axis)} instead of {value}"
+        f"{axis} {other.axes.get(axis)} instead of {value}"
         for axis, value in sorted(row.axes.items())
         if axis != "gpu" and other.axes.get(axis) != value
     ]
     if row.mode != other.mode:
-        out.append(f"{other['mode']} instead of {row['mode']}")
+        out.append(f"{other.mode} instead of {row.mode}")
     return out
 
 
@@ -377,14 +377,14 @@ def _rests_on(stack: Stack, row: Row, pieces: Sequence[Piece]) -> str:
     for piece in pieces:
         if piece.stance == "supports" and piece.kind == "sibling":
             card = gpu_name(piece.matrix, piece.gpu)
-            parts.append(f"{row['mode']} served on {card} with {piece.release} (cell {piece.source})")
+            parts.append(f"{row.mode} served on {card} with {piece.release} (cell {piece.source})")
     if stack.tier >= 2 or stack.tier == 1:
         reach = _reach(row)
         parts.append(f"load pre-flight: {reach}" if reach else "the CPU pre-flights (resolve, import, flags, trace)")
     for piece in pieces:
         if piece.stance == "supports" and piece.kind == "nearby":
             parts.append(
-                f"{row['mode']} served on {gpu_name(piece.matrix, piece.gpu)} with {piece.release}, "
+                f"{row.mode} served on {gpu_name(piece.matrix, piece.gpu)} with {piece.release}, "
                 "the nearest observed release"
             )
     return "; ".join(parts)
@@ -403,7 +403,7 @@ def _settle(stack: Stack, row: Row) -> str:
     if stack.tier == 0:
         return ""
     gpu = gpu_label(row)
-    return f"servematrix run {row['matrix']} --select id={row['cell_id']}  (on {gpu})"
+    return f"servematrix run {row.matrix} --select id={row.cell_id}  (on {gpu})"
 
 
 def _causes(failing: Sequence[Neighbour]) -> tuple[Cause, ...]:
@@ -430,7 +430,7 @@ def _versus_baseline(row: Row, env: Mapping[str, Row]) -> str | None:
     found = comparison(engine, first, row)
     if found is None or found.headline is None:
         return None
-    return f"{speedup_text(found.headline, bold=False)} over {first['mode']}"
+    return f"{speedup_text(found.headline, bold=False)} over {first.mode}"
 
 
 @functools.cache

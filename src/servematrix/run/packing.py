@@ -125,9 +125,9 @@ def estimates(store: Store, envs: Mapping[str, Sequence[Cell]]) -> dict[str, flo
     packed = {job["env_id"]: job["end_s"] - job["start_s"] for job in store.packed_jobs() if job["end_s"] is not None}
     served: dict[str, float] = {}
     for row in store.latest():
-        if "serve" in (row.get("stages") or {}) and row.get("finished_at"):
-            took = datetime.fromisoformat(row["finished_at"]) - datetime.fromisoformat(row["started_at"])
-            served[row["cell_id"]] = took.total_seconds()
+        if "serve" in (row.stages or {}) and row.finished_at and row.started_at:
+            took = datetime.fromisoformat(row.finished_at) - datetime.fromisoformat(row.started_at)
+            served[row.cell_id] = took.total_seconds()
     found: dict[str, float | None] = {}
     for env_id, cells in envs.items():
         if env_id in packed:
@@ -288,9 +288,9 @@ def _stop(running: Sequence[_Running]) -> None:
 def finished_verdicts(store: Store, run_id: str, cells: Sequence[Cell]) -> dict[str, str]:
     wanted = {c.id for c in cells}
     return {
-        r["cell_id"]: r["verdict"]
+        r.cell_id: r.verdict
         for r in store.all_rows()
-        if r["run_id"] == run_id and r["cell_id"] in wanted and r["status"] == "finished"
+        if r.run_id == run_id and r.cell_id in wanted and r.status == "finished" and r.verdict is not None
     }
 
 
