@@ -12,13 +12,10 @@ literals occur are searched.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from servematrix.classify.literals import required_literals
-
-if TYPE_CHECKING:
-    from servematrix.classify.signatures import Signature
 
 # Shorter required literals ("a", ": ") occur in most lines and would not filter anything.
 MIN_LITERAL_LEN = 3
@@ -35,13 +32,9 @@ class Probe:
 
 
 class Prefilter:
-    def __init__(self, signatures: tuple[Signature, ...]) -> None:
-        probes = []
-        for signature in signatures:
-            for pattern in signature.patterns:
-                probes.append(_probe(pattern, signature.id, None))
-            for evidence in signature.evidence:
-                probes.extend(_probe(pattern, signature.id, evidence.label) for pattern in evidence.patterns)
+    def __init__(self, patterns: Iterable[tuple[re.Pattern[str], str, str | None]]) -> None:
+        """Over (pattern, signature id, evidence label or None for a class pattern), in the signatures' order."""
+        probes = [_probe(pattern, signature, evidence) for pattern, signature, evidence in patterns]
         self.probes = tuple(probes)
         self._exact = tuple(sorted({lit for p in probes if not p.ignore_case for lit in p.literals}))
         self._folded = tuple(sorted({lit for p in probes if p.ignore_case for lit in p.literals}))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Annotated, Any
@@ -273,7 +273,7 @@ def _signatures(source: TomlSource, *, engine: str | None, default_engine: str) 
         engine=file_engine,
         source=str(source.path),
         signatures=data.signature,
-        prefilter=Prefilter(data.signature),
+        prefilter=Prefilter(_patterns(data.signature)),
         frame_rules=frame_rules(data.signature),
     )
 
@@ -285,3 +285,13 @@ def frame_rules(signatures: tuple[Signature, ...]) -> tuple[tuple[str, str | Non
         for evidence in signature.evidence:
             rules += [(signature.id, evidence.label, rule) for rule in evidence.frame_rules]
     return tuple(rules)
+
+
+def _patterns(signatures: Sequence[Signature]) -> Iterator[tuple[re.Pattern[str], str, str | None]]:
+    """Each signature's class patterns, then its evidence patterns with their label: the pre-filter's input."""
+    for signature in signatures:
+        for pattern in signature.patterns:
+            yield pattern, signature.id, None
+        for evidence in signature.evidence:
+            for pattern in evidence.patterns:
+                yield pattern, signature.id, evidence.label
