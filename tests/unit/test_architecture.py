@@ -186,8 +186,8 @@ LAYERS = (
     "servematrix.errors",  # and the root package's __init__ (its version), under everything
     "servematrix.util",
     "servematrix.data",  # packaged data files, no code
+    "servematrix.records",  # cells, typed rows, history entries and the published cell: pure data, no engine
     "servematrix.formats",
-    "servematrix.records",  # typed rows, history entries and the published cell: pure data, no engine
     "servematrix.engines",
     "servematrix.config",
     "servematrix.store",

@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name
 from servematrix.advisories.model import Advisory
 from servematrix.config.spec import PINNED, model_config_dir
 from servematrix.formats.lockfile import parse_pins
-from servematrix.planning.cells import Cell
+from servematrix.records.cell import Cell
 
 if TYPE_CHECKING:  # a type only: planning.plan imports the engines' hooks, which report/ must not reach
     from servematrix.planning.plan import Plan

@@ -31,8 +31,9 @@ from servematrix.engines.hooks import GENERIC_PREFLIGHTS, PreflightInput
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.formats import verdict
-from servematrix.planning.cells import Cell, Environment, content_hash
+from servematrix.planning.cells import content_hash
 from servematrix.planning.plan import Plan, plan_spec
+from servematrix.records.cell import Cell, Environment
 from servematrix.report.markdown import last_line
 from servematrix.report.regressions import scrub_host_paths
 from servematrix.run import hostinfo

@@ -21,10 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from servematrix.engines import Engine, load_engine
 from servematrix.errors import InputError
 from servematrix.formats import tomlsource
-from servematrix.formats.lockfile import DEFAULT_PLATFORM
 from servematrix.formats.tomlsource import KeyPath, TomlSource
+from servematrix.records.cell import PINNED, GpuKind
 
-PINNED = "pinned"
 LOCKED = "locked"  # a package axis left to the resolver
 # The optional `resolution` axis: resolve as the index is today, or as it was when the engine release was
 # published (uv's --exclude-newer at the release's upload time). `today` is what a matrix without the axis does.
@@ -60,24 +59,6 @@ class ModelSpec(_Strict):
     config_dir: str | None = None
 
 
-class ContainerOptions(_Strict):
-    podman_devices: list[str] = []  # CDI names, e.g. nvidia.com/gpu=all
-    docker_gpus: str | None = None  # docker run --gpus VALUE
-    shm_size: str | None = None
-    ulimits: list[str] = []
-    mounts: list[str] = []  # read-only model caches: HOST:CONTAINER
-
-
-class ReleaseArgs(_Strict):
-    """`[[gpu.<kind>.args_by_release]]`: the kind's server arguments for a range of the engine's releases. A
-    flag the kind's `args` already give takes this value in place; a new one is appended. Recipes change by
-    release (sglang 0.5.12 dropped the CUTLASS NVFP4 MoE runner that 0.5.10's recipe used)."""
-
-    versions: str = Field(min_length=1)  # a version specifier of the engine's own version, e.g. ">=0.5.12"
-    args: list[str] = Field(min_length=1)
-    source: str = Field(min_length=1)  # where this recipe was read: a wheel's file, a public recipe
-
-
 class FlagAxis(_Strict):
     """`[flag_axes.<axis>]`: an axis whose values are one server flag's values (`moe_runner` sweeping
     `--moe-runner-backend`). A kind outside `gpu` keeps its recipe's value; a value equal to the recipe's
@@ -86,26 +67,6 @@ class FlagAxis(_Strict):
     flag: str = Field(pattern=r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")
     gpu: list[str] = []  # the kinds it sweeps; empty: all
     source: str = ""
-
-
-class GpuKind(_Strict):
-    arch: str = Field(pattern=r"^(sm_\d+a?|cpu)$")
-    count: int = Field(ge=0)
-    # nvidia-smi's name of the card ("NVIDIA H200"), or its start before an edition ("NVIDIA RTX PRO 6000
-    # Blackwell" for the Server and Workstation Editions): a host whose GPUs have another name does not serve
-    # the kind's cells, though the arch matches (an H100 is sm_90 too); empty: any card of the arch.
-    sku: str = ""
-    runner_labels: list[str] = []
-    platform: str = DEFAULT_PLATFORM
-    # It becomes GitHub's timeout-minutes and sbatch's --time: at most the longest job a self-hosted runner runs.
-    timeout_minutes: int = Field(default=120, gt=0, le=7200)
-    args: list[str] = []
-    args_by_release: list[ReleaseArgs] = []
-    env: dict[str, str] = {}
-    # One server rank per GPU of the kind, with the engine's tensor-parallel args (engine data
-    # `tensor_parallel`: the size from `count`, and the ports its ranks use, checked valid and free).
-    tensor_parallel: bool = False
-    container: ContainerOptions = ContainerOptions()
 
 
 class CudaKind(_Strict):

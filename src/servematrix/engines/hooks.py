@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 if TYPE_CHECKING:
     from servematrix.engines import Engine
     from servematrix.formats.verdict import Verdict
-    from servematrix.planning.cells import Cell
+    from servematrix.records.cell import Cell
 
 GENERIC_PREFLIGHTS = ("import",)  # run by the runner's own stages, for any engine; no hook implements them
 

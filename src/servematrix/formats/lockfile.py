@@ -18,6 +18,8 @@ from pathlib import Path
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name
 
+from servematrix.records.cell import DEFAULT_PLATFORM
+
 __all__ = [
     "DEFAULT_PLATFORM",
     "DEFAULT_PYTHON_VERSION",
@@ -38,9 +40,6 @@ __all__ = [
     "target_tags",
 ]
 
-# sglang >= 0.5.11 publishes manylinux_2_34 wheels only; an older tag makes every recent release
-# "unresolvable" for the wrong reason.
-DEFAULT_PLATFORM = "x86_64-manylinux_2_34"
 DEFAULT_PYTHON_VERSION = "3.12"
 # uv's and pip's own default index, the one a lock without an index-url line is made from.
 PYPI_INDEX_URL = "https://pypi.org/simple"

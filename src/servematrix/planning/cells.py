@@ -11,8 +11,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -32,6 +31,7 @@ from servematrix.config.spec import (
 )
 from servematrix.engines import Engine, ModeFlags
 from servematrix.errors import InputError, Location
+from servematrix.records.cell import Cell, Environment
 
 DEFAULT_HOST = "127.0.0.1"
 # A guard against a matrix that would exhaust memory (2,000,000 cells took 5.9 GB before failing), far
@@ -42,68 +42,6 @@ DEFAULT_MAX_CELLS = 20_000
 def content_hash(payload: Any, length: int = 12) -> str:
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:length]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Environment:
-    env_id: str
-    engine: str
-    axes: Mapping[str, str]  # the engine's version axes, then gpu
-    gpu: GpuKind
-    python: str
-
-    @property
-    def version(self) -> str:
-        """The engine's own version (the first axis)."""
-        return next(iter(self.axes.values()))
-
-    @property
-    def ranks(self) -> int:
-        """The server's ranks: one per GPU on a kind that asks for tensor parallelism, else one."""
-        return self.gpu.count if self.gpu.tensor_parallel and self.gpu.count > 1 else 1
-
-    def effective(self, axis: str, pins: Mapping[str, Mapping[str, str]]) -> str | None:
-        """The axis value, with `pinned` replaced by the release's known pin where the engine data has one."""
-        value = self.axes.get(axis)
-        if value == PINNED:
-            return pins.get(self.version, {}).get(axis)
-        return value
-
-
-@dataclass(frozen=True, kw_only=True)
-class Cell:
-    id: str
-    env: Environment
-    mode: str
-    applicable: bool
-    reason: str
-    command: tuple[str, ...]
-    server_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    # flag -> value set by a flag axis that sweeps this cell's GPU kind: a value its release lacks makes the
-    # cell not applicable (said by the engine's flag check), not a failure of the stack.
-    swept_flags: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-
-    @property
-    def env_id(self) -> str:
-        return self.env.env_id
-
-    def selectable(self) -> dict[str, str]:
-        """The values --select and include/exclude rules see."""
-        return {**self.env.axes, "mode": self.mode, "engine": self.env.engine, "env": self.env_id, "id": self.id}
-
-    def to_contract(self) -> dict[str, Any]:
-        """The `plan --format json` shape of the design contract."""
-        return {
-            "id": self.id,
-            "env_id": self.env_id,
-            "engine": self.env.engine,
-            "mode": self.mode,
-            "axes": dict(self.env.axes),
-            "applicable": self.applicable,
-            "reason": self.reason,
-            "command": list(self.command),
-            "requires": {"gpu_arch": self.env.gpu.arch, "gpus": self.env.gpu.count},
-        }
 
 
 def environment_points(spec: Spec) -> list[dict[str, str]]:

@@ -22,9 +22,10 @@ from rich.text import Text
 
 from servematrix.config.spec import PINNED, RESOLUTION, TODAY, Spec, load_spec
 from servematrix.engines.plugins import hooks_of
-from servematrix.planning.cells import DEFAULT_MAX_CELLS, Cell, expand
+from servematrix.planning.cells import DEFAULT_MAX_CELLS, expand
 from servematrix.planning.selection import parse_select, parse_shard, select_keys, shard
-from servematrix.store.redact import redact_cells
+from servematrix.records.cell import Cell
+from servematrix.store.redact import redacted_command, spec_secret_flags
 
 GITHUB_MAX_JOBS = 256
 PIN_MARK = "*"
@@ -186,3 +187,13 @@ def _shown(cell: Cell, axis: str, spec: Spec) -> str:
     value = cell.env.axes[axis]
     pin = cell.env.effective(axis, spec.engine.pins)
     return f"{pin}{PIN_MARK}" if value == PINNED and pin else value
+
+
+def redact_cells(cells: Sequence[Cell], spec: Spec) -> list[Cell]:
+    """The cells as the plan shows and stores them: their argv masked. The launch rebuilds the real argv."""
+    flags = spec_secret_flags(spec)
+    out = []
+    for cell in cells:
+        command = redacted_command(cell.command, flags)
+        out.append(cell if command == cell.command else replace(cell, command=command))
+    return out

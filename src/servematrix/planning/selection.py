@@ -22,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from servematrix.config.spec import PINNED, Spec
 from servematrix.errors import InputError
-from servematrix.planning.cells import Cell
+from servematrix.records.cell import Cell
 
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*(==|!=|>=|<=|~=|=|>|<)\s*(.+?)\s*$")
 _CONTINUATION = re.compile(r"^\s*(==|!=|>=|<=|~=|>|<)\s*(.+?)\s*$")

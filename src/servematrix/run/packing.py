@@ -36,7 +36,7 @@ from pathlib import Path
 from rich.console import Console
 
 from servematrix.backends import Backend
-from servematrix.planning.cells import Cell, cell_bound
+from servematrix.planning.cells import cell_bound
 from servematrix.planning.plan import Plan
 from servematrix.planning.schedule import (
     Job,
@@ -50,6 +50,7 @@ from servematrix.planning.schedule import (
     shared_cpus,
     simulate,
 )
+from servematrix.records.cell import Cell
 from servematrix.run import hostinfo
 from servematrix.run.progress import RunProgress
 from servematrix.run.reaper import reap_orphans

@@ -27,8 +27,8 @@ from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.formats import verdict
 from servematrix.formats.verdict import Verdict
-from servematrix.planning.cells import Cell, Environment
 from servematrix.planning.plan import Plan
+from servematrix.records.cell import Cell, Environment
 from servematrix.report.history import track
 from servematrix.run import hostinfo, pool, ports, reuse, selfcheck
 from servematrix.run.models import ModelBuildError, StackImportError

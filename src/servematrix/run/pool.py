@@ -32,8 +32,9 @@ from rich.console import Console
 
 from servematrix.backends import Backend
 from servematrix.engines import Engine
-from servematrix.planning.cells import Cell, cell_bound
+from servematrix.planning.cells import cell_bound
 from servematrix.planning.plan import Plan
+from servematrix.records.cell import Cell
 from servematrix.run import reuse
 from servematrix.run.packing import Packed, PackedJob, finished_verdicts, job_environment
 from servematrix.run.progress import RunProgress, relayed, wrap_free

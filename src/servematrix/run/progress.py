@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from servematrix.planning.cells import Cell
+from servematrix.records.cell import Cell
 
 # A log line at least this often while a stage runs: CI systems kill jobs that are silent for minutes, and a
 # person reading a log cannot tell a slow install from a hang. Below 30 s with room for a busy host.

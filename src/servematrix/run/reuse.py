@@ -28,8 +28,8 @@ from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError
 from servematrix.formats.lockfile import read_lock_header
 from servematrix.formats.verdict import Verdict
-from servematrix.planning.cells import Cell, Environment
 from servematrix.planning.plan import Plan
+from servematrix.records.cell import Cell, Environment
 from servematrix.run.stagecode import StageCode, stage_code
 from servematrix.stages import importcheck, locking, naming, resolve, uvfailure
 from servematrix.stages.locking import resolve_request

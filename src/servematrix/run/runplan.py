@@ -16,8 +16,9 @@ from pathlib import Path
 from servematrix.engines.plugins import hooks_of
 from servematrix.errors import InputError, Location
 from servematrix.formats import tomlsource
-from servematrix.planning.cells import Cell, Environment, content_hash
+from servematrix.planning.cells import content_hash
 from servematrix.planning.plan import Plan
+from servematrix.records.cell import Cell, Environment
 from servematrix.run import hostinfo, reuse
 from servematrix.run.models import check_model_path
 from servematrix.run.progress import HEARTBEAT_S, Step, Work, announce, free_disk_gb

@@ -30,8 +30,9 @@ from servematrix.classify import pass_failure
 from servematrix.engines import Engine
 from servematrix.formats import verdict
 from servematrix.formats.verdict import Verdict
-from servematrix.planning.cells import Cell, server_command
+from servematrix.planning.cells import server_command
 from servematrix.planning.plan import Plan
+from servematrix.records.cell import Cell
 from servematrix.run import ports
 from servematrix.run.models import ensure_model
 from servematrix.run.runplan import RunOptions, model_roots

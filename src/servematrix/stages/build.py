@@ -7,7 +7,8 @@ from pathlib import Path
 
 from servematrix.backends import Backend, BuildInput, Built
 from servematrix.engines import Engine
-from servematrix.planning.cells import Environment, requirements
+from servematrix.planning.cells import requirements
+from servematrix.records.cell import Environment
 
 
 def build(

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from servematrix.config.spec import Spec
-    from servematrix.planning.cells import Cell
 
 REDACTED = "[REDACTED]"
 # What a secret flag's value becomes in argv: short, and valid as the placeholder a matrix may write.
@@ -397,21 +396,10 @@ def spec_secret_flags(spec: Spec) -> frozenset[str]:
     return frozenset((*spec.engine.secret_flags, *extra))
 
 
-def redact_cells(cells: Iterable[Cell], spec: Spec) -> list[Cell]:
-    """The cells as the plan shows and stores them: their argv masked. The launch rebuilds the real argv."""
-    import dataclasses
-
-    flags = spec_secret_flags(spec)
-    out = []
-    for cell in cells:
-        command = _redacted_command(cell.command, flags)
-        out.append(cell if command == cell.command else dataclasses.replace(cell, command=command))
-    return out
-
-
 @functools.lru_cache(maxsize=4096)
-def _redacted_command(command: tuple[str, ...], flags: frozenset[str]) -> tuple[str, ...]:
-    # A matrix has few distinct commands and many cells (cells.expand shares them): redact each once.
+def redacted_command(command: tuple[str, ...], flags: frozenset[str]) -> tuple[str, ...]:
+    """`redact_argv` of a planned command, once per distinct command: a matrix has few and many cells
+    (`cells.expand` shares them)."""
     return tuple(redact_argv(command, flags))
 
 

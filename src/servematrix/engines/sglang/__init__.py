@@ -32,7 +32,7 @@ from servematrix.formats.verdict import Verdict
 
 if TYPE_CHECKING:  # the contract's types only: a hooks module loads neither the cells nor the engine loader
     from servematrix.engines import Engine
-    from servematrix.planning.cells import Cell
+    from servematrix.records.cell import Cell
 
 
 def flags(inp: PreflightInput) -> Verdict | None:
