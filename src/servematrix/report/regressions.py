@@ -21,7 +21,6 @@ compared with.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -35,7 +34,7 @@ from servematrix.records.published import SCHEMA, Previous, PublishedCell, cell_
 from servematrix.stages import bench
 from servematrix.store.redact import bounded_evidence, bounded_excerpt
 from servematrix.store.rowschema import COLUMNS, Row, row_problem
-from servematrix.util import atomic_write
+from servematrix.util import DEFAULT_WORKDIR, atomic_write
 
 MIN_DROP = 0.10
 MARGIN = 0.10
@@ -176,14 +175,19 @@ def published_rows(export: Mapping[str, Any]) -> list[Row]:
 
 
 def portable_argv(argv: Iterable[str], root: Path) -> list[str]:
-    """argv with absolute paths under `root` made relative, so a published command names no host path."""
+    """argv with absolute paths under `root` made relative, so a published command names no host path; a path
+    inside a project's default workdir (a built model) from there, though the run's project was another folder
+    than this one (a worktree). Any other absolute path (a container's `/models/glm5`) is kept."""
     out = []
     for arg in argv:
         text = str(arg)
         if os.path.isabs(text):
             # Not resolved: a symlinked model directory is named as the run named it.
-            with contextlib.suppress(ValueError):
-                text = Path(os.path.normpath(text)).relative_to(root).as_posix()
+            path = Path(os.path.normpath(text))
+            if path.is_relative_to(root):
+                text = path.relative_to(root).as_posix()
+            elif DEFAULT_WORKDIR.name in path.parts[:-1]:
+                text = Path(*path.parts[path.parts.index(DEFAULT_WORKDIR.name) :]).as_posix()
         out.append(text)
     return out
 

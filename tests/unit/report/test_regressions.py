@@ -191,6 +191,11 @@ def test_the_record_keeps_no_host_paths_and_pids(tmp_path: Path, monkeypatch: py
     assert spreads(cell["metrics"]) == {1: {"min": 1.0, "median": 2.0, "max": 3.0}}
     assert published_rows(record)[0]["verdict"] == "pass"
     assert portable_argv(["/elsewhere/x"], tmp_path) == ["/elsewhere/x"]
+    # A run in another folder (a worktree) built its model in its own workdir: published from there on.
+    assert portable_argv(["--model-path", "/wt/.servematrix/models/m"], tmp_path) == [
+        "--model-path",
+        ".servematrix/models/m",
+    ]
 
 
 def test_a_file_that_is_not_a_record_is_refused(tmp_path: Path):
